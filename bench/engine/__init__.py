@@ -1,0 +1,1 @@
+"""Helpers for the engine benchmark (and the engine tests): random-weight checkpoints."""

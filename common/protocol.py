@@ -1,0 +1,366 @@
+"""Every message that crosses a ZeroMQ socket, in one module.
+
+A message is a list of frames: one type byte, one msgpack header, then zero or more raw array frames.
+Headers are plain maps checked on receipt against a schema of field types and size limits; arrays
+travel as raw little-endian bytes (token ids int32, results float32). Nothing is pickled.
+
+    frontend ──CHUNK──▶ broker ──CHUNK──▶ worker
+    frontend ◀─RESULT/ERROR── broker ◀─RESULT/ERROR── worker
+    worker ──READY──▶ broker; HEARTBEAT both ways on every link; broker ──RECONNECT──▶ unknown worker
+
+ROUTER sockets prepend the peer identity frame; `split_identity` strips it before decoding.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+MAX_HEADER_BYTES = 64 * 1024
+MAX_ARRAY_BYTES = 256 * 1024 * 1024
+MAX_SEQS_PER_CHUNK = 65_536
+MAX_ID_CHARS = 128
+MAX_TEXT_CHARS = 4096
+
+assert sys.byteorder == "little", "raw array frames are little-endian"
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow this module's rules; the receiver drops it and counts it."""
+
+
+class MsgType(enum.IntEnum):
+    READY = 1
+    HEARTBEAT = 2
+    CHUNK = 3
+    RESULT = 4
+    ERROR = 5
+    DISCONNECT = 6
+    RECONNECT = 7
+    CANCEL = 8
+
+
+class ErrorCode(str, enum.Enum):
+    """Why a chunk failed; the frontend maps each to an HTTP status."""
+
+    BAD_INPUT = "bad_input"  # 422: the worker rejected the sequences
+    OVERLOADED = "overloaded"  # 429: the broker's queue is full
+    UNAVAILABLE = "unavailable"  # 503: no worker could finish it
+    EXPIRED = "expired"  # 504: its deadline passed before it ran
+    INTERNAL = "internal"  # 500: the model failed
+
+
+# Tasks a chunk asks of the worker; the model decides which it supports.
+TASK_EMBED = "embed"
+TASK_SCORE = "score"
+TASK_CLASSIFY = "classify"
+TASKS = (TASK_EMBED, TASK_SCORE, TASK_CLASSIFY)
+
+
+def _check_str(name: str, value: Any, limit: int = MAX_ID_CHARS) -> None:
+    if not isinstance(value, str) or len(value) > limit:
+        raise ProtocolError(f"field {name!r} must be a string of at most {limit} characters")
+
+
+def _check_int(name: str, value: Any, low: int = 0, high: int = 2**62) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ProtocolError(f"field {name!r} must be an integer in [{low}, {high}]")
+
+
+def _check_float(name: str, value: Any, low: float = 0.0, high: float = 1e9) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= float(value) <= high:
+        raise ProtocolError(f"field {name!r} must be a number in [{low}, {high}]")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ProtocolError(f"field {name!r} must be a boolean")
+
+
+def _array_frame(name: str, frame: bytes | memoryview, dtype: np.dtype, count: int) -> np.ndarray:
+    buf = memoryview(frame)
+    expected = count * np.dtype(dtype).itemsize
+    if buf.nbytes != expected:
+        raise ProtocolError(f"frame {name!r} holds {buf.nbytes} bytes, header says {expected}")
+    return np.frombuffer(buf, dtype=dtype)
+
+
+@dataclass
+class Message:
+    """Base of every message: subclasses declare TYPE, header fields and how to check them."""
+
+    TYPE: ClassVar[MsgType]
+
+    def header(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def arrays(self) -> list[bytes | memoryview]:
+        return []
+
+    def encode(self) -> list[bytes | memoryview]:
+        header = msgpack.packb(self.header(), use_bin_type=True)
+        if len(header) > MAX_HEADER_BYTES:
+            raise ProtocolError(f"{self.TYPE.name} header is {len(header)} bytes, over {MAX_HEADER_BYTES}")
+        return [bytes([self.TYPE]), header, *self.arrays()]
+
+    @classmethod
+    def check(cls, header: dict[str, Any]) -> None:
+        """Raise ProtocolError when a field is missing, mistyped or out of bounds."""
+
+    @classmethod
+    def from_parts(cls, header: dict[str, Any], arrays: list[bytes | memoryview]) -> "Message":
+        if arrays:
+            raise ProtocolError(f"{cls.TYPE.name} carries no array frames")
+        return cls(**header)
+
+
+@dataclass
+class Ready(Message):
+    """A worker offers itself: its protocol version, identity and how much work it takes at once."""
+
+    TYPE: ClassVar[MsgType] = MsgType.READY
+    version: int
+    name: str
+    model: str
+    device: str
+    capacity_tokens: int
+    max_seqs: int
+    tasks: list[str] = field(default_factory=lambda: [TASK_EMBED])
+    pid: int = 0
+
+    @classmethod
+    def check(cls, h: dict[str, Any]) -> None:
+        _check_int("version", h.get("version"))
+        _check_str("name", h.get("name"))
+        _check_str("model", h.get("model"), 512)
+        _check_str("device", h.get("device"))
+        _check_int("capacity_tokens", h.get("capacity_tokens"), 1)
+        _check_int("max_seqs", h.get("max_seqs"), 1)
+        _check_int("pid", h.get("pid", 0))
+        tasks = h.get("tasks", [TASK_EMBED])
+        if not isinstance(tasks, list) or not all(t in TASKS for t in tasks):
+            raise ProtocolError(f"field 'tasks' must list some of {TASKS}")
+
+
+@dataclass
+class Heartbeat(Message):
+    """I am alive. From the broker to a frontend it also says how many workers are live; from a
+    worker, `draining` says it finishes what it holds and wants no new chunks."""
+
+    TYPE: ClassVar[MsgType] = MsgType.HEARTBEAT
+    live_workers: int = 0
+    queued_chunks: int = 0
+    draining: bool = False
+
+    @classmethod
+    def check(cls, h: dict[str, Any]) -> None:
+        _check_int("live_workers", h.get("live_workers", 0))
+        _check_int("queued_chunks", h.get("queued_chunks", 0))
+        _check_bool("draining", h.get("draining", False))
+
+
+@dataclass
+class Disconnect(Message):
+    """The sender is leaving on purpose (drain or shutdown); forget it without waiting for silence."""
+
+    TYPE: ClassVar[MsgType] = MsgType.DISCONNECT
+    reason: str = ""
+
+    @classmethod
+    def check(cls, h: dict[str, Any]) -> None:
+        _check_str("reason", h.get("reason", ""), MAX_TEXT_CHARS)
+
+
+@dataclass
+class Reconnect(Message):
+    """From the broker to a worker it does not know (say, after a broker restart): send READY again."""
+
+    TYPE: ClassVar[MsgType] = MsgType.RECONNECT
+
+
+@dataclass
+class Cancel(Message):
+    """The frontend no longer wants this chunk (its request ended); drop it if it has not started."""
+
+    TYPE: ClassVar[MsgType] = MsgType.CANCEL
+    chunk_id: str
+
+    @classmethod
+    def check(cls, h: dict[str, Any]) -> None:
+        _check_str("chunk_id", h.get("chunk_id"))
+
+
+@dataclass
+class Chunk(Message):
+    """Some sequences of one request, to be run as a unit. Idempotent: safe to run twice.
+
+    Arrays: input_ids int32 [sum(seq_lens)], seq_lens int32 [num_seqs], and token_type_ids int32
+    [sum(seq_lens)] when has_token_types.
+    """
+
+    TYPE: ClassVar[MsgType] = MsgType.CHUNK
+    chunk_id: str
+    task: str
+    num_seqs: int
+    num_tokens: int
+    normalize: bool
+    timeout_s: float
+    has_token_types: bool = False
+    attempt: int = 0
+    input_ids: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
+    seq_lens: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
+    token_type_ids: np.ndarray | None = field(default=None, repr=False)
+
+    ARRAY_FIELDS: ClassVar[tuple[str, ...]] = ("input_ids", "seq_lens", "token_type_ids")
+
+    def header(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.ARRAY_FIELDS}
+
+    def arrays(self) -> list[bytes | memoryview]:
+        frames = [_as_frame(self.input_ids, np.int32), _as_frame(self.seq_lens, np.int32)]
+        if self.has_token_types:
+            frames.append(_as_frame(self.token_type_ids, np.int32))
+        return frames
+
+    @classmethod
+    def check(cls, h: dict[str, Any]) -> None:
+        _check_str("chunk_id", h.get("chunk_id"))
+        if h.get("task") not in TASKS:
+            raise ProtocolError(f"field 'task' must be one of {TASKS}")
+        _check_int("num_seqs", h.get("num_seqs"), 1, MAX_SEQS_PER_CHUNK)
+        _check_int("num_tokens", h.get("num_tokens"), 1, MAX_ARRAY_BYTES // 4)
+        _check_bool("normalize", h.get("normalize"))
+        _check_float("timeout_s", h.get("timeout_s"), 0.0, 86_400.0)
+        _check_bool("has_token_types", h.get("has_token_types", False))
+        _check_int("attempt", h.get("attempt", 0), 0, 1000)
+
+    @classmethod
+    def from_parts(cls, header: dict[str, Any], arrays: list[bytes | memoryview]) -> "Chunk":
+        expected = 3 if header.get("has_token_types") else 2
+        if len(arrays) != expected:
+            raise ProtocolError(f"CHUNK needs {expected} array frames, got {len(arrays)}")
+        input_ids = _array_frame("input_ids", arrays[0], np.int32, header["num_tokens"])
+        seq_lens = _array_frame("seq_lens", arrays[1], np.int32, header["num_seqs"])
+        if int(seq_lens.min()) < 1 or int(seq_lens.sum(dtype=np.int64)) != header["num_tokens"]:
+            raise ProtocolError("seq_lens must be positive and sum to num_tokens")
+        token_types = _array_frame("token_type_ids", arrays[2], np.int32, header["num_tokens"]) if expected == 3 else None
+        return cls(**header, input_ids=input_ids, seq_lens=seq_lens, token_type_ids=token_types)
+
+
+@dataclass
+class Result(Message):
+    """The outputs of one chunk: float32 [num_seqs, dim], row i for sequence i, plus stage timings."""
+
+    TYPE: ClassVar[MsgType] = MsgType.RESULT
+    chunk_id: str
+    num_seqs: int
+    dim: int
+    queue_s: float = 0.0
+    inference_s: float = 0.0
+    worker: str = ""
+    values: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
+
+    def header(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "values"}
+
+    def arrays(self) -> list[bytes | memoryview]:
+        return [_as_frame(self.values, np.float32)]
+
+    @classmethod
+    def check(cls, h: dict[str, Any]) -> None:
+        _check_str("chunk_id", h.get("chunk_id"))
+        _check_int("num_seqs", h.get("num_seqs"), 1, MAX_SEQS_PER_CHUNK)
+        _check_int("dim", h.get("dim"), 1, 1 << 20)
+        _check_float("queue_s", h.get("queue_s", 0.0))
+        _check_float("inference_s", h.get("inference_s", 0.0))
+        _check_str("worker", h.get("worker", ""))
+
+    @classmethod
+    def from_parts(cls, header: dict[str, Any], arrays: list[bytes | memoryview]) -> "Result":
+        if len(arrays) != 1:
+            raise ProtocolError(f"RESULT needs 1 array frame, got {len(arrays)}")
+        count = header["num_seqs"] * header["dim"]
+        values = _array_frame("values", arrays[0], np.float32, count).reshape(header["num_seqs"], header["dim"])
+        return cls(**header, values=values)
+
+
+@dataclass
+class Error(Message):
+    """A chunk that will not produce a result, and why."""
+
+    TYPE: ClassVar[MsgType] = MsgType.ERROR
+    chunk_id: str
+    code: str
+    message: str
+    worker: str = ""
+
+    @classmethod
+    def check(cls, h: dict[str, Any]) -> None:
+        _check_str("chunk_id", h.get("chunk_id"))
+        if h.get("code") not in {c.value for c in ErrorCode}:
+            raise ProtocolError(f"field 'code' must be one of {[c.value for c in ErrorCode]}")
+        _check_str("message", h.get("message"), MAX_TEXT_CHARS)
+        _check_str("worker", h.get("worker", ""))
+
+
+MESSAGE_CLASSES: dict[MsgType, type[Message]] = {
+    cls.TYPE: cls for cls in (Ready, Heartbeat, Disconnect, Reconnect, Cancel, Chunk, Result, Error)
+}
+
+
+def _as_frame(array: np.ndarray | None, dtype: type) -> memoryview:
+    if array is None:
+        raise ProtocolError("a required array is missing")
+    array = np.ascontiguousarray(array, dtype=dtype)
+    if array.nbytes > MAX_ARRAY_BYTES:
+        raise ProtocolError(f"array of {array.nbytes} bytes is over the {MAX_ARRAY_BYTES} limit")
+    return memoryview(array).cast("B")
+
+
+def decode(frames: list[bytes | memoryview | Any]) -> Message:
+    """Turn received frames (identity already stripped) into a checked message, or raise ProtocolError."""
+    if len(frames) < 2:
+        raise ProtocolError(f"a message needs a type frame and a header frame, got {len(frames)} frames")
+    type_frame, header_frame, *arrays = (memoryview(getattr(f, "buffer", f)) for f in frames)
+    if type_frame.nbytes != 1:
+        raise ProtocolError("the type frame must be one byte")
+    try:
+        msg_type = MsgType(type_frame[0])
+    except ValueError as exc:
+        raise ProtocolError(f"unknown message type {type_frame[0]}") from exc
+    if header_frame.nbytes > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {header_frame.nbytes} bytes is over the {MAX_HEADER_BYTES} limit")
+    try:
+        header = msgpack.unpackb(
+            header_frame, raw=False, strict_map_key=True, max_str_len=MAX_TEXT_CHARS,
+            max_bin_len=0, max_array_len=64, max_map_len=64, max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several types for malformed input
+        raise ProtocolError(f"header is not valid msgpack: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ProtocolError("header must be a map")
+    cls = MESSAGE_CLASSES[msg_type]
+    known = {f.name for f in fields(cls)}
+    unknown = set(header) - known
+    if unknown:
+        raise ProtocolError(f"{msg_type.name} header has unknown fields {sorted(unknown)}")
+    cls.check(header)
+    for array_field in getattr(cls, "ARRAY_FIELDS", ()) + (("values",) if cls is Result else ()):
+        if array_field in header:
+            raise ProtocolError(f"{array_field!r} travels as a frame, not in the header")
+    return cls.from_parts(header, arrays)
+
+
+def split_identity(frames: list[Any]) -> tuple[bytes, list[Any]]:
+    """A ROUTER socket's message is [identity, *message]; return both parts."""
+    if len(frames) < 3:
+        raise ProtocolError("a routed message needs an identity frame and a message")
+    identity = frames[0]
+    return bytes(getattr(identity, "bytes", identity)), frames[1:]

@@ -1,0 +1,3 @@
+"""Package and wire versions, kept in one place."""
+
+__version__ = "0.1.0"

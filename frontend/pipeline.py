@@ -1,0 +1,134 @@
+"""From tokenized sequences to result rows: split into chunks, send, gather, put back in order.
+
+A request's sequences are cut into contiguous chunks bounded by tokens and by sequence count, so
+that one large request spreads over every worker. The chunks go out at once and are awaited
+together under the request's deadline; the first failure cancels the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from common.config import FrontendSettings
+from common.protocol import Chunk, ErrorCode
+from frontend import metrics
+from frontend.broker_client import BrokerClient, ChunkFailed
+from frontend.errors import APIError
+from frontend.tokenization import Sequences
+
+RETRY_AFTER_S = "1"
+
+CHUNK_ERRORS = {
+    ErrorCode.BAD_INPUT.value: "validation",
+    ErrorCode.OVERLOADED.value: "overloaded",
+    ErrorCode.UNAVAILABLE.value: "unavailable",
+    ErrorCode.EXPIRED.value: "timeout",
+    ErrorCode.INTERNAL.value: "internal",
+}
+
+
+@dataclass
+class Timings:
+    """Seconds spent per stage; queue and inference are the slowest chunk's."""
+
+    started: float
+    tokenization_s: float = 0.0
+    queue_s: float = 0.0
+    inference_s: float = 0.0
+
+    def headers(self) -> dict[str, str]:
+        """Per-stage times in milliseconds, as Text Embeddings Inference reports them."""
+        total = time.monotonic() - self.started
+        return {
+            "x-total-time": f"{total * 1000:.3f}",
+            "x-tokenization-time": f"{self.tokenization_s * 1000:.3f}",
+            "x-queue-time": f"{self.queue_s * 1000:.3f}",
+            "x-inference-time": f"{self.inference_s * 1000:.3f}",
+        }
+
+
+def split_ranges(seq_lens: np.ndarray, max_tokens: int, max_seqs: int) -> list[tuple[int, int]]:
+    """Contiguous [start, end) ranges of sequences, each within both budgets (one long sequence alone)."""
+    ranges = []
+    start, tokens = 0, 0
+    for index, length in enumerate(seq_lens.tolist()):
+        count = index - start
+        if count and (count >= max_seqs or tokens + length > max_tokens):
+            ranges.append((start, index))
+            start, tokens = index, 0
+        tokens += length
+    if start < len(seq_lens):
+        ranges.append((start, len(seq_lens)))
+    return ranges
+
+
+class Pipeline:
+    def __init__(self, client: BrokerClient, settings: FrontendSettings) -> None:
+        self.client = client
+        self.settings = settings
+        self.inflight_tokens = 0
+
+    async def run(self, seqs: Sequences, task: str, normalize: bool, timings: Timings) -> np.ndarray:
+        """Float32 [num_seqs, dim] rows in input order, or an APIError saying why not."""
+        if not self.client.healthy:
+            reason = "no worker is live" if self.client.broker_alive else "the broker is unreachable"
+            raise APIError("unavailable", f"{reason}; try again shortly", headers={"Retry-After": RETRY_AFTER_S})
+        tokens = seqs.num_tokens
+        if self.inflight_tokens and self.inflight_tokens + tokens > self.settings.max_inflight_tokens:
+            raise APIError(
+                "overloaded",
+                f"this server holds {self.inflight_tokens} tokens in flight (limit "
+                f"{self.settings.max_inflight_tokens}); retry later",
+                headers={"Retry-After": RETRY_AFTER_S},
+            )
+        self.inflight_tokens += tokens
+        metrics.INFLIGHT_TOKENS.set(self.inflight_tokens)
+        try:
+            return await self._run_chunks(seqs, task, normalize, timings)
+        finally:
+            self.inflight_tokens -= tokens
+            metrics.INFLIGHT_TOKENS.set(self.inflight_tokens)
+
+    def _chunks(self, seqs: Sequences, task: str, normalize: bool, timeout_s: float) -> list[Chunk]:
+        offsets = np.zeros(seqs.num_seqs + 1, dtype=np.int64)
+        np.cumsum(seqs.seq_lens, out=offsets[1:])
+        chunks = []
+        for start, end in split_ranges(seqs.seq_lens, self.settings.max_chunk_tokens, self.settings.max_chunk_seqs):
+            lo, hi = int(offsets[start]), int(offsets[end])
+            types = seqs.token_type_ids[lo:hi] if seqs.token_type_ids is not None else None
+            chunks.append(Chunk(
+                chunk_id=self.client.new_chunk_id(), task=task, num_seqs=end - start, num_tokens=hi - lo,
+                normalize=normalize, timeout_s=timeout_s, has_token_types=types is not None,
+                input_ids=seqs.input_ids[lo:hi], seq_lens=seqs.seq_lens[start:end], token_type_ids=types,
+            ))
+        return chunks
+
+    async def _run_chunks(self, seqs: Sequences, task: str, normalize: bool, timings: Timings) -> np.ndarray:
+        remaining = self.settings.request_timeout_s - (time.monotonic() - timings.started)
+        chunks = self._chunks(seqs, task, normalize, max(0.0, remaining))
+        metrics.CHUNKS_SENT.inc(len(chunks))
+        tasks = [asyncio.ensure_future(self.client.submit(chunk)) for chunk in chunks]
+        try:
+            done, pending = await asyncio.wait(tasks, timeout=max(0.0, remaining), return_when=asyncio.FIRST_EXCEPTION)
+            for task_ in done:
+                exc = task_.exception()
+                if isinstance(exc, ChunkFailed):
+                    raise APIError(CHUNK_ERRORS.get(exc.code, "internal"), exc.message,
+                                   headers={"Retry-After": RETRY_AFTER_S} if exc.code in ("overloaded", "unavailable") else {})
+                if exc is not None:
+                    raise exc
+            if pending:
+                raise APIError("timeout", f"the request did not finish within {self.settings.request_timeout_s:g} s")
+        finally:
+            for chunk, task_ in zip(chunks, tasks):
+                if not task_.done():
+                    self.client.cancel(chunk.chunk_id)
+                    task_.cancel()
+        results = [task_.result() for task_ in tasks]
+        timings.queue_s = max(r.queue_s for r in results)
+        timings.inference_s = max(r.inference_s for r in results)
+        return np.concatenate([r.values for r in results], axis=0)

@@ -1,0 +1,134 @@
+"""Text and token-id inputs turned into flat int32 sequences, with truncation and limits.
+
+Three copies of the model's tokenizer are kept (no truncation, truncation on the right, on the left)
+so that one request's choice never changes another's. Large batches are tokenized on a thread:
+the tokenizers library releases the GIL and parallelises inside encode_batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from common.model_info import ModelInfo
+from frontend.errors import APIError
+
+# Above this many characters in one call, tokenization leaves the event loop for a thread.
+THREAD_THRESHOLD_CHARS = 4096
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Tokenized inputs of one request: ids laid end to end, one length per input."""
+
+    input_ids: np.ndarray
+    seq_lens: np.ndarray
+    token_type_ids: np.ndarray | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @staticmethod
+    def from_lists(ids: list[list[int]], types: list[list[int]] | None = None) -> "Sequences":
+        lens = np.fromiter((len(x) for x in ids), dtype=np.int32, count=len(ids))
+        flat = np.fromiter((t for seq in ids for t in seq), dtype=np.int64, count=int(lens.sum()))
+        flat_types = None
+        if types is not None:
+            flat_types = np.fromiter((t for seq in types for t in seq), dtype=np.int32, count=int(lens.sum()))
+        return Sequences(flat.astype(np.int32), lens, flat_types)
+
+
+def _normalise_direction(direction: str) -> str:
+    return direction.lower()
+
+
+class TextTokenizer:
+    def __init__(self, info: ModelInfo) -> None:
+        self.info = info
+        self.max_length = info.max_input_length
+        serialized = Tokenizer.from_file(str(info.tokenizer_path)).to_str()
+        self.plain = Tokenizer.from_str(serialized)
+        self.plain.no_truncation()
+        self.plain.no_padding()
+        self.truncating = {}
+        for direction in ("right", "left"):
+            tok = Tokenizer.from_str(serialized)
+            tok.no_padding()
+            tok.enable_truncation(self.max_length, direction=direction)
+            self.truncating[direction] = tok
+
+    def _pick(self, truncate: bool, direction: str) -> Tokenizer:
+        return self.truncating[_normalise_direction(direction)] if truncate else self.plain
+
+    def encode_sync(self, texts: list[str], truncate: bool, direction: str) -> Sequences:
+        encodings = self._pick(truncate, direction).encode_batch(texts, add_special_tokens=True)
+        ids = [e.ids for e in encodings]
+        for index, seq in enumerate(ids):
+            if len(seq) > self.max_length:
+                raise APIError(
+                    "input_too_long",
+                    f"input {index} has {len(seq)} tokens, more than the model's limit of {self.max_length}; "
+                    f"shorten it or set truncate to true",
+                    param="input",
+                )
+            if not seq:
+                raise APIError("empty_input", f"input {index} has no tokens", param="input")
+        return Sequences.from_lists(ids)
+
+    async def encode(self, texts: list[str], truncate: bool, direction: str) -> Sequences:
+        if sum(len(t) for t in texts) > THREAD_THRESHOLD_CHARS:
+            return await asyncio.to_thread(self.encode_sync, texts, truncate, direction)
+        return self.encode_sync(texts, truncate, direction)
+
+    def check_ids(self, seqs: list[list[int]], truncate: bool, direction: str) -> Sequences:
+        """Token-id inputs, taken as they are (no special tokens added), checked and truncated."""
+        vocab = self.info.vocab_size
+        out = []
+        for index, seq in enumerate(seqs):
+            if not seq:
+                raise APIError("empty_input", f"input {index} is an empty list of token ids", param="input")
+            arr = np.asarray(seq, dtype=np.int64)
+            if int(arr.min()) < 0 or int(arr.max()) >= vocab:
+                bad = int(arr[(arr < 0) | (arr >= vocab)][0])
+                raise APIError("token_out_of_vocabulary",
+                               f"input {index} holds token id {bad}, outside the vocabulary [0, {vocab})",
+                               param="input")
+            if len(arr) > self.max_length:
+                if not truncate:
+                    raise APIError(
+                        "input_too_long",
+                        f"input {index} has {len(arr)} tokens, more than the model's limit of {self.max_length}; "
+                        f"shorten it or set truncate to true",
+                        param="input",
+                    )
+                arr = arr[: self.max_length] if _normalise_direction(direction) == "right" else arr[-self.max_length:]
+            out.append(arr.astype(np.int32))
+        lens = np.array([len(a) for a in out], dtype=np.int32)
+        return Sequences(np.concatenate(out), lens)
+
+    def tokens(self, texts: list[str], add_special_tokens: bool) -> list[list[dict]]:
+        """TEI's /tokenize: each token with its id, text, whether it is special, and its character span."""
+        result = []
+        for text, encoding in zip(texts, self.plain.encode_batch(texts, add_special_tokens=add_special_tokens)):
+            tokens = []
+            for token_id, token, special, (start, stop) in zip(
+                encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets
+            ):
+                is_special = bool(special)
+                tokens.append({
+                    "id": token_id,
+                    "text": token if is_special else text[start:stop],
+                    "special": is_special,
+                    "start": None if is_special else start,
+                    "stop": None if is_special else stop,
+                })
+            result.append(tokens)
+        return result

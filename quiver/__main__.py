@@ -1,0 +1,5 @@
+import sys
+
+from quiver.cli import main
+
+sys.exit(main())

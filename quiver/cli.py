@@ -1,0 +1,83 @@
+"""The `quiver` command: `serve` runs everything on one host; `broker`, `frontend` and `worker` run one
+role each (for systemd). Every option can also come from a QUIVER_* environment variable."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from common.config import (
+    BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, add_arguments, from_namespace,
+)
+from common.logs import setup_logging
+from common.version import __version__
+
+
+def _broker(args: argparse.Namespace) -> int:
+    from broker.broker import run_broker
+
+    settings = from_namespace(BrokerSettings, args)
+    setup_logging(settings.log_level, "broker")
+    return run_broker(settings)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from worker.main import run_worker
+
+    settings = from_namespace(WorkerSettings, args)
+    setup_logging(settings.log_level, f"worker:{settings.name or settings.device}")
+    return run_worker(settings)
+
+
+def _frontend(args: argparse.Namespace) -> int:
+    from frontend.server import run_frontend
+
+    settings = from_namespace(FrontendSettings, args)
+    setup_logging(settings.log_level, "frontend")
+    return run_frontend(settings)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from quiver.supervisor import Supervisor
+
+    settings = from_namespace(ServeSettings, args)
+    setup_logging(settings.log_level, "serve")
+    return Supervisor(settings).run()
+
+
+ROLES: dict[str, tuple[type, Callable[[argparse.Namespace], int], str, frozenset[str]]] = {
+    "serve": (ServeSettings, _serve, "start broker, workers and frontend on this host and supervise them",
+              frozenset({"broker"})),
+    "broker": (BrokerSettings, _broker, "run the broker that spreads chunks over workers", frozenset()),
+    "frontend": (FrontendSettings, _frontend, "run the HTTP frontend", frozenset()),
+    "worker": (WorkerSettings, _worker, "run one worker on one device", frozenset()),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quiver", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"quiver {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (settings_type, _, help_text, exclude) in ROLES.items():
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        add_arguments(sub, settings_type, exclude)
+    try:
+        from bench.cli import add_bench_parser
+    except ModuleNotFoundError as exc:
+        if exc.name != "bench.cli":
+            raise
+    else:
+        add_bench_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command in ROLES:
+        return ROLES[args.command][1](args)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""The broker process, driven over ZeroMQ by test peers that speak the protocol as frontends and
+workers do: registration, least-loaded dispatch, the bounded queue, liveness and routing."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from common.protocol import (
+    PROTOCOL_VERSION, Chunk, Disconnect, Error, Heartbeat, Ready, Reconnect, Result, decode,
+)
+from common.transport import make_socket, send
+from tests.cluster import Cluster
+
+INTERVAL = 0.2
+
+
+class Peer:
+    """A DEALER speaking the protocol, as a frontend or a worker would."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, identity: bytes) -> None:
+        self.sock = make_socket(ctx, zmq.DEALER, identity=identity)
+        self.sock.connect(endpoint)
+
+    def send(self, message) -> None:
+        send(self.sock, message)
+
+    def recv(self, timeout: float = 5.0, skip_heartbeats: bool = True):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.sock.poll(max(1, int((end - time.monotonic()) * 1000))):
+                message = decode(self.sock.recv_multipart())
+                if skip_heartbeats and isinstance(message, Heartbeat):
+                    continue
+                return message
+        return None
+
+    def register(self, name: str, capacity: int = 1000) -> None:
+        self.send(Ready(version=PROTOCOL_VERSION, name=name, model="m", device="cpu", capacity_tokens=capacity,
+                        max_seqs=64, tasks=["embed"], pid=1))
+
+
+def chunk(chunk_id: str, tokens: int = 10) -> Chunk:
+    return Chunk(chunk_id=chunk_id, task="embed", num_seqs=1, num_tokens=tokens, normalize=True, timeout_s=30.0,
+                 input_ids=np.arange(tokens, dtype=np.int32), seq_lens=np.array([tokens], dtype=np.int32))
+
+
+def result_for(message: Chunk, worker: str = "w") -> Result:
+    return Result(chunk_id=message.chunk_id, num_seqs=message.num_seqs, dim=2, worker=worker,
+                  values=np.full((message.num_seqs, 2), 1.5, dtype=np.float32))
+
+
+@pytest.fixture
+def broker():
+    cluster = Cluster(workers=0, heartbeat_interval_s=INTERVAL, broker_args=["--max-queued-chunks", "3"])
+    cluster.start_broker()
+    ctx = zmq.Context()
+    yield cluster, ctx
+    ctx.destroy(linger=0)
+    cluster.stop()
+
+
+def live_workers(frontend: Peer) -> int:
+    frontend.send(Heartbeat())
+    reply = frontend.recv(skip_heartbeats=False)
+    assert isinstance(reply, Heartbeat)
+    return reply.live_workers
+
+
+def wait_workers(frontend: Peer, count: int) -> None:
+    end = time.monotonic() + 5
+    while live_workers(frontend) != count:
+        assert time.monotonic() < end, f"broker never reported {count} workers"
+        time.sleep(0.05)
+
+
+def test_routes_chunks_to_the_least_loaded_worker_and_results_to_their_frontend(broker):
+    cluster, ctx = broker
+    front_a = Peer(ctx, cluster.frontend_endpoint, b"front-a")
+    front_b = Peer(ctx, cluster.frontend_endpoint, b"front-b")
+    w1 = Peer(ctx, cluster.worker_endpoint, b"w1")
+    w2 = Peer(ctx, cluster.worker_endpoint, b"w2")
+    w1.register("w1")
+    w2.register("w2")
+    wait_workers(front_a, 2)
+
+    front_a.send(chunk("a:1", tokens=100))
+    took_first = {name: peer.recv(0.5) for name, peer in (("w1", w1), ("w2", w2))}
+    busy = [name for name, message in took_first.items() if message is not None]
+    assert len(busy) == 1 and took_first[busy[0]].chunk_id == "a:1"
+    idle_name = "w2" if busy[0] == "w1" else "w1"
+    receiver = w1 if idle_name == "w1" else w2
+    # The next chunk goes to the worker with fewer outstanding tokens: the idle one.
+    front_b.send(chunk("b:1", tokens=10))
+    second = receiver.recv()
+    assert isinstance(second, Chunk) and second.chunk_id == "b:1"
+
+    receiver.send(result_for(second))
+    answer = front_b.recv()
+    assert isinstance(answer, Result) and answer.chunk_id == "b:1"
+    np.testing.assert_array_equal(answer.values, np.full((1, 2), 1.5, dtype=np.float32))
+    assert front_a.recv(0.3) is None  # nothing for the other frontend
+
+
+def test_least_loaded_dispatch_spreads_chunks(broker):
+    cluster, ctx = broker
+    front = Peer(ctx, cluster.frontend_endpoint, b"front")
+    workers = {name: Peer(ctx, cluster.worker_endpoint, name.encode()) for name in ("w1", "w2")}
+    for name, peer in workers.items():
+        peer.register(name)
+    wait_workers(front, 2)
+    for i in range(4):
+        front.send(chunk(f"f:{i}", tokens=100))
+    received = {name: [] for name in workers}
+    for name, peer in workers.items():
+        while (message := peer.recv(0.5)) is not None:
+            received[name].append(message.chunk_id)
+    assert sorted(received["w1"] + received["w2"]) == [f"f:{i}" for i in range(4)]
+    assert len(received["w1"]) == len(received["w2"]) == 2
+
+
+def test_queue_is_bounded_and_waits_for_capacity(broker):
+    cluster, ctx = broker
+    front = Peer(ctx, cluster.frontend_endpoint, b"front")
+    worker = Peer(ctx, cluster.worker_endpoint, b"w1")
+    worker.register("w1", capacity=50)
+    wait_workers(front, 1)
+    front.send(chunk("f:0", tokens=40))  # dispatched: the worker is idle
+    assert worker.recv().chunk_id == "f:0"
+    for i in range(1, 5):  # capacity is used up: three wait, the fourth is refused
+        front.send(chunk(f"f:{i}", tokens=40))
+    refused = front.recv()
+    assert isinstance(refused, Error) and refused.chunk_id == "f:4" and refused.code == "overloaded"
+    assert worker.recv(0.3) is None
+    worker.send(result_for(chunk("f:0")))
+    assert front.recv().chunk_id == "f:0"
+    assert worker.recv().chunk_id == "f:1"  # the queue moves, first in first out
+
+
+def test_silent_worker_is_dropped_and_its_chunk_goes_elsewhere(broker):
+    cluster, ctx = broker
+    front = Peer(ctx, cluster.frontend_endpoint, b"front")
+    silent = Peer(ctx, cluster.worker_endpoint, b"silent")
+    silent.register("silent")
+    wait_workers(front, 1)
+    front.send(chunk("f:0"))
+    assert silent.recv().chunk_id == "f:0"
+    healthy = Peer(ctx, cluster.worker_endpoint, b"healthy")
+    healthy.register("healthy")
+    # The healthy worker heartbeats; the silent one stops after its READY.
+    end = time.monotonic() + 5
+    requeued = None
+    while time.monotonic() < end and requeued is None:
+        healthy.send(Heartbeat())
+        requeued = healthy.recv(INTERVAL)
+    assert isinstance(requeued, Chunk) and requeued.chunk_id == "f:0" and requeued.attempt == 1
+    healthy.send(result_for(requeued))
+    assert front.recv().chunk_id == "f:0"
+    silent.send(result_for(requeued))  # a late duplicate from the worker thought dead
+    assert front.recv(0.5) is None
+    assert live_workers(front) == 1
+
+
+def test_version_mismatch_is_refused_and_unknown_worker_told_to_reconnect(broker):
+    cluster, ctx = broker
+    old = Peer(ctx, cluster.worker_endpoint, b"old")
+    old.send(Ready(version=PROTOCOL_VERSION + 1, name="old", model="m", device="cpu", capacity_tokens=10,
+                   max_seqs=1, pid=1))
+    refusal = old.recv()
+    assert isinstance(refusal, Disconnect) and "protocol version" in refusal.reason
+    stranger = Peer(ctx, cluster.worker_endpoint, b"stranger")
+    stranger.send(Heartbeat())
+    assert isinstance(stranger.recv(), Reconnect)
+
+
+def test_malformed_messages_do_not_hurt_the_broker(broker):
+    cluster, ctx = broker
+    front = Peer(ctx, cluster.frontend_endpoint, b"front")
+    for junk in ([b"\x03", b"garbage"], [b"\xff"], [b"\x03", b"\x80", b"\x00" * 10], [b"x" * 100000]):
+        front.sock.send_multipart(junk)
+    worker = Peer(ctx, cluster.worker_endpoint, b"w")
+    worker.sock.send_multipart([b"\x01", b"\x80"])
+    worker.register("w")
+    wait_workers(front, 1)
+    assert cluster.broker.alive()
+
+
+def test_requests_wait_in_the_queue_until_a_worker_comes(broker):
+    cluster, ctx = broker
+    front = Peer(ctx, cluster.frontend_endpoint, b"front")
+    front.send(chunk("f:early"))
+    time.sleep(0.3)
+    late = Peer(ctx, cluster.worker_endpoint, b"late")
+    late.register("late")
+    assert late.recv().chunk_id == "f:early"

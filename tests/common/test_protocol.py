@@ -1,0 +1,104 @@
+"""The wire protocol: every message survives encode/decode, and malformed frames are refused."""
+
+from __future__ import annotations
+
+import pickle
+
+import msgpack
+import numpy as np
+import pytest
+
+from common.protocol import (
+    MAX_HEADER_BYTES, PROTOCOL_VERSION, Cancel, Chunk, Disconnect, Error, Heartbeat, MsgType, ProtocolError, Ready,
+    Reconnect, Result, decode, split_identity,
+)
+
+
+def roundtrip(message):
+    return decode([bytes(f) for f in message.encode()])
+
+
+def make_chunk(**overrides) -> Chunk:
+    fields = dict(chunk_id="f:1", task="embed", num_seqs=3, num_tokens=6, normalize=True, timeout_s=5.0,
+                  input_ids=np.array([101, 7, 102, 101, 8, 102], dtype=np.int32),
+                  seq_lens=np.array([3, 2, 1], dtype=np.int32))
+    fields.update(overrides)
+    return Chunk(**fields)
+
+
+def test_every_message_roundtrips():
+    messages = [
+        Ready(version=PROTOCOL_VERSION, name="cuda:0", model="m", device="cuda:0", capacity_tokens=8192,
+              max_seqs=512, tasks=["embed"], pid=42),
+        Heartbeat(live_workers=2, queued_chunks=1, draining=True),
+        Disconnect(reason="bye"),
+        Reconnect(),
+        Cancel(chunk_id="f:9"),
+        Error(chunk_id="f:1", code="internal", message="boom", worker="cpu-0"),
+    ]
+    for message in messages:
+        assert roundtrip(message) == message
+
+
+def test_chunk_and_result_arrays_travel_as_raw_frames():
+    chunk = make_chunk(has_token_types=True, token_type_ids=np.array([0, 0, 0, 1, 1, 1], dtype=np.int32))
+    frames = chunk.encode()
+    assert len(frames) == 5 and bytes(frames[0]) == bytes([MsgType.CHUNK])
+    assert bytes(frames[2]) == chunk.input_ids.astype("<i4").tobytes()
+    back = roundtrip(chunk)
+    np.testing.assert_array_equal(back.input_ids, chunk.input_ids)
+    np.testing.assert_array_equal(back.seq_lens, chunk.seq_lens)
+    np.testing.assert_array_equal(back.token_type_ids, chunk.token_type_ids)
+
+    values = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    result = roundtrip(Result(chunk_id="f:1", num_seqs=3, dim=4, queue_s=0.1, inference_s=0.2, worker="w", values=values))
+    np.testing.assert_array_equal(result.values, values)
+    assert result.values.dtype == np.float32
+
+
+@pytest.mark.parametrize("frames,words", [
+    ([b"\x03"], "needs a type frame"),
+    ([b"\x63", msgpack.packb({})], "unknown message type"),
+    ([b"\x02\x02", msgpack.packb({})], "one byte"),
+    ([b"\x02", b"\xc1"], "msgpack"),
+    ([b"\x02", msgpack.packb([1, 2])], "must be a map"),
+    ([b"\x02", msgpack.packb({"live_workers": -1})], "live_workers"),
+    ([b"\x02", msgpack.packb({"surprise": 1})], "unknown fields"),
+    ([b"\x05", msgpack.packb({"chunk_id": "x", "code": "nope", "message": "m"})], "code"),
+    ([b"\x02", b"\x80" + b" " * (MAX_HEADER_BYTES + 1)], "limit"),
+    ([b"\x02", pickle.dumps({"live_workers": 1})], "msgpack"),
+])
+def test_malformed_messages_are_refused(frames, words):
+    with pytest.raises(ProtocolError, match=words):
+        decode(frames)
+
+
+def test_chunk_frames_must_match_the_header():
+    frames = [bytes(f) for f in make_chunk().encode()]
+    with pytest.raises(ProtocolError, match="bytes"):
+        decode(frames[:2] + [frames[2][:-4], frames[3]])
+    with pytest.raises(ProtocolError, match="array frames"):
+        decode(frames[:3])
+    bad_lens = np.array([3, 2, 2], dtype=np.int32).tobytes()
+    with pytest.raises(ProtocolError, match="sum to num_tokens"):
+        decode(frames[:3] + [bad_lens])
+    header = msgpack.unpackb(frames[1])
+    header["input_ids"] = [1, 2]
+    with pytest.raises(ProtocolError):
+        decode([frames[0], msgpack.packb(header), *frames[2:]])
+
+
+def test_header_field_types_are_checked():
+    frames = [bytes(f) for f in make_chunk().encode()]
+    for field, value in (("task", "dance"), ("num_seqs", "3"), ("normalize", 1), ("timeout_s", -1.0)):
+        header = msgpack.unpackb(frames[1])
+        header[field] = value
+        with pytest.raises(ProtocolError, match=field):
+            decode([frames[0], msgpack.packb(header), *frames[2:]])
+
+
+def test_split_identity():
+    identity, rest = split_identity([b"peer", b"\x02", msgpack.packb({})])
+    assert identity == b"peer" and len(rest) == 2
+    with pytest.raises(ProtocolError):
+        split_identity([b"peer"])

@@ -1,0 +1,51 @@
+"""Shared test set-up: markers and the packaged default model."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """One broker, two CPU workers and a frontend on the packaged model, shared by the session's tests."""
+    from tests.cluster import Cluster, free_port
+
+    broker_metrics = free_port()
+    instance = Cluster(workers=2, broker_args=["--metrics-port", str(broker_metrics)],
+                       frontend_args=["--max-body-bytes", str(4 * 1024 * 1024)])
+    instance.broker_metrics_url = f"http://127.0.0.1:{broker_metrics}/metrics"
+    instance.start()
+    yield instance
+    instance.stop()
+
+
+@pytest.fixture(scope="session")
+def st_model():
+    """sentence-transformers' own encoder of the packaged model: the numerical reference."""
+    from sentence_transformers import SentenceTransformer
+
+    from common.model_info import default_model_dir
+
+    return SentenceTransformer(str(default_model_dir()), device="cpu")

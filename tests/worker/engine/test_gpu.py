@@ -1,0 +1,158 @@
+"""GPU tests (skipped without CUDA): bf16 at real shapes against a float32 reference, graph replay equal
+to eager, and 10,000 random batches through the double-buffered LazyTensor pipeline.
+
+Real-shape checkpoints are written once per run; QUIVER_ENGINE_CKPT_DIR (set by the benchmark's device
+script) lets this file reuse those of engine_bench.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.engine.checkpoints import BENCH_MODELS, ensure_bench_checkpoint, load_reference
+from tests.worker.engine.families import FAMILIES, write_family
+from worker.engine import Batch, Engine, LazyTensor, SlotsBusyError, load_engine
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def checkpoint_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    shared = os.environ.get("QUIVER_ENGINE_CKPT_DIR")
+    return Path(shared) if shared else tmp_path_factory.mktemp("bench_ckpts")
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def _batch(sequences: list[np.ndarray], normalize: list[bool] | None = None) -> Batch:
+    return Batch(
+        input_ids=np.concatenate(sequences).astype(np.int32),
+        seq_lens=np.array([len(s) for s in sequences], dtype=np.int32),
+        normalize=None if normalize is None else np.array(normalize),
+    )
+
+
+@pytest.mark.parametrize("name", sorted(BENCH_MODELS))
+def test_bf16_matches_float32_reference_at_real_shapes(name: str, checkpoint_root: Path) -> None:
+    import torch
+
+    path = ensure_bench_checkpoint(name, checkpoint_root)
+    pooling = BENCH_MODELS[name][2]
+    rng = np.random.default_rng(0)
+    lengths = [128, 512, 37, 1000, 4096]
+    sequences = [rng.integers(3, 30000, size=n, dtype=np.int32) for n in lengths]
+
+    reference_model = load_reference(path, "cuda", torch.float32)
+    expected = []
+    with torch.no_grad():
+        for ids in sequences:
+            hidden = reference_model(input_ids=torch.tensor(ids[None], dtype=torch.long, device="cuda"))
+            hidden = hidden.last_hidden_state[0].float()
+            expected.append((hidden[0] if pooling == "cls" else hidden.mean(0)).cpu().numpy())
+    del reference_model
+    torch.cuda.empty_cache()
+    expected_rows = np.stack(expected)
+
+    engine = load_engine(path, device="cuda")
+    assert engine.info.dtype == "bfloat16"
+    rows = np.concatenate([engine.step(_batch([ids])).wait() for ids in sequences[:2]])
+    together = engine.step(_batch(sequences[2:])).wait()
+    rows = np.concatenate([rows, together])
+    cosines = _cosines(rows, expected_rows)
+    print(f"{name}: bf16 engine vs float32 transformers cosines {np.round(cosines, 6).tolist()}")
+    assert cosines.min() >= 0.999
+    del engine
+    torch.cuda.empty_cache()
+
+    exact = load_engine(path, device="cuda", dtype="float32", cuda_graphs=False, fusion="none")
+    fp32_rows = np.concatenate([exact.step(_batch([ids])).wait() for ids in sequences])
+    fp32_cosines = _cosines(fp32_rows, expected_rows)
+    print(f"{name}: float32 engine vs float32 transformers cosines {np.round(fp32_cosines, 7).tolist()}")
+    assert fp32_cosines.min() >= 0.99999
+
+
+@pytest.mark.parametrize("family_name", ["qwen3_causal_last", "bert_mean", "xlmr_classifier", "qwen3_reranker"])
+def test_graph_replay_equals_eager(family_name: str, tmp_path: Path) -> None:
+    family = next(f for f in FAMILIES if f.name == family_name)
+    path, _ = write_family(family, tmp_path)
+    engine = load_engine(path, device="cuda")
+    rng = np.random.default_rng(3)
+    sequences = [rng.integers(4, 90, size=n, dtype=np.int32) for n in (5, 17, 100, 3)]
+    batch = _batch(sequences, [True, False, True, False])
+    results = []
+    for _ in range(4):  # warm-up, capture + replay, replay, replay
+        lazy = engine.step(batch)
+        results.append(lazy.wait())
+        lazy.release()
+    stats = engine.stats()
+    assert (stats["warmups"], stats["captures"], stats["replays"]) == (1, 1, 3), stats
+    eager, replayed = results[0], results[1:]
+    for rows in replayed:
+        np.testing.assert_allclose(rows, eager, rtol=1e-3, atol=1e-3)
+    exact = engine.run_eager(batch)  # unpadded shape, no graph
+    assert _cosines(exact, eager).min() >= 0.999 if eager.shape[1] > 1 else True
+    np.testing.assert_allclose(exact, eager, rtol=2e-2, atol=2e-2)
+    print(f"{family_name}: replay bit-identical to eager warm-up: {all(np.array_equal(r, eager) for r in replayed)}")
+
+
+def test_lazy_pipeline_never_misplaces_a_row() -> None:
+    """10,000 random batches, two in flight: every row must match its own sequence's reference."""
+    import tempfile
+
+    family = next(f for f in FAMILIES if f.name == "qwen3_causal_last")
+    with tempfile.TemporaryDirectory() as tmp:
+        path, _ = write_family(family, Path(tmp))
+        engine = load_engine(path, device="cuda", max_batch_tokens=2048, max_batch_seqs=24)
+    total, failures, identifiable = run_pipeline(engine, steps=10_000)
+    stats = engine.stats()
+    print(f"pipeline: {total} rows, {failures} wrong, {identifiable} identifiable; {stats}")
+    assert failures == 0
+    assert identifiable > 0.95 * total
+    assert stats["replays"] > 9000 and stats["capture_failures"] == 0
+
+    held = [engine.step(_batch([np.array([5], dtype=np.int32)])) for _ in range(2)]
+    with pytest.raises(SlotsBusyError):
+        engine.step(_batch([np.array([6], dtype=np.int32)]))
+    for lazy in held:
+        lazy.release()
+    engine.step(_batch([np.array([7], dtype=np.int32)])).release()
+
+
+def run_pipeline(engine: Engine, steps: int, seed: int = 7) -> tuple[int, int, int]:
+    """Random batches of known templates, two steps in flight; returns (rows, wrong rows, identifiable rows)."""
+    rng = np.random.default_rng(seed)
+    templates = [rng.integers(4, 90, size=int(rng.integers(1, 101)), dtype=np.int32) for _ in range(300)]
+    raw = np.concatenate([engine.run_eager(_batch([t])) for t in templates])
+    unit = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+
+    def check(lazy: LazyTensor, picks: np.ndarray, flags: np.ndarray) -> tuple[int, int]:
+        """(rows far from their own reference, rows that would be caught if they had been swapped)."""
+        rows = lazy.wait()
+        lazy.release()
+        candidates = np.where(flags[:, None, None], unit[None], raw[None])  # [rows, templates, dim]
+        expected = candidates[np.arange(len(picks)), picks]
+        tolerance = 0.03 * np.abs(expected).max(1)
+        wrong = np.abs(rows - expected).max(1) > tolerance
+        others = np.abs(expected[:, None, :] - candidates).max(2)
+        others[np.arange(len(picks)), picks] = np.inf
+        return int(wrong.sum()), int((others.min(1) > 2 * tolerance).sum())
+
+    in_flight: deque[tuple[LazyTensor, np.ndarray, np.ndarray]] = deque()
+    total = failures = identifiable = 0
+    for _ in range(steps):
+        count = int(rng.integers(1, 21))
+        picks = rng.integers(0, len(templates), size=count)
+        flags = rng.random(count) < 0.5
+        in_flight.append((engine.step(_batch([templates[i] for i in picks], flags.tolist())), picks, flags))
+        total += count
+        while len(in_flight) == 2 or (in_flight and _ == steps - 1):
+            wrong, caught = check(*in_flight.popleft())
+            failures, identifiable = failures + wrong, identifiable + caught
+    return total, failures, identifiable

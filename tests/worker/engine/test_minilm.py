@@ -1,0 +1,41 @@
+"""The packaged all-MiniLM-L6-v2 against sentence-transformers' own encode()."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from common.model_info import default_model_dir
+from worker.engine import Batch, load_engine
+
+TEXTS = [
+    "hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    "Quiver serves text embeddings and relevance scores from GPUs, fast.",
+    "a",
+    "Embeddings turn text into vectors; " * 12,
+]
+
+
+def test_minilm_matches_sentence_transformers() -> None:
+    from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer
+
+    path = default_model_dir()
+    engine = load_engine(path)
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tokenizer.no_padding()  # the packaged tokenizer.json pads to 128; the engine takes unpadded ids
+    tokenizer.enable_truncation(engine.info.model.max_input_length)
+    encoded = [tokenizer.encode(text).ids for text in TEXTS]
+    batch = Batch(
+        input_ids=np.concatenate(encoded).astype(np.int32),
+        seq_lens=np.array([len(ids) for ids in encoded], dtype=np.int32),
+        normalize=np.ones(len(TEXTS), dtype=bool),
+    )
+    lazy = engine.step(batch)
+    rows = lazy.wait()
+    lazy.release()
+
+    expected = SentenceTransformer(str(path), device="cpu").encode(TEXTS)
+    cosines = (rows * expected).sum(1) / (np.linalg.norm(rows, axis=1) * np.linalg.norm(expected, axis=1))
+    assert cosines.min() >= 0.9999
+    np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, atol=1e-5)

@@ -1,0 +1,236 @@
+"""The engine: one model on one device, stepping ragged batches into LazyTensors.
+
+step() validates the batch, pads it to its bucket shape, moves it to the device with one copy from a
+pinned staging buffer, runs the model (eagerly, or by capturing / replaying that shape's CUDA graph),
+and starts an asynchronous copy of the result rows into a pinned output slot. On the CPU it computes
+the result at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from common.model_info import KIND_EMBEDDING, ModelInfo
+from worker.engine.batch import Batch
+from worker.engine.buckets import StepShape, plan_shape, seq_bucket
+from worker.engine.graphs import GraphRunner
+from worker.engine.inputs import StepTensors, pack_batch, packed_size, unpack
+from worker.engine.layers.attention import AttentionContext
+from worker.engine.layers.attention_backends import PaddedSdpa
+from worker.engine.layers.attention_select import AttentionSelector
+from worker.engine.lazy import HostSlots, LazyTensor
+from worker.engine.memory import MemoryFigures
+from worker.engine.models.base import RaggedModel
+from worker.engine.pooling import normalize_rows
+
+NUM_HOST_SLOTS = 2
+
+
+@dataclass
+class EngineInfo:
+    model: ModelInfo
+    device: str
+    dtype: str
+    output_dim: int
+    max_batch_tokens: int
+    max_batch_seqs: int
+    cuda_graphs: bool = False
+    graph_max_tokens: int = 0  # steps padded above this run eagerly
+    graph_max_seqs: int = 0
+    fusion: str = "none"
+    attention_backends: list[str] = field(default_factory=list)
+    weights_bytes: int = 0
+    activation_peak_bytes: int = 0
+    gpu_total_bytes: int = 0
+    gpu_budget_bytes: int = 0
+    startup_seconds: float = 0.0
+    startup_detail: dict[str, float] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(
+        self,
+        model: RaggedModel,
+        model_info: ModelInfo,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_batch_tokens: int,
+        max_batch_seqs: int,
+        cuda_graphs: bool,
+    ) -> None:
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.on_gpu = device.type == "cuda"
+        self.memory = MemoryFigures(weights_bytes=model.parameters_bytes())
+        self.info = EngineInfo(
+            model=model_info,
+            device=str(device),
+            dtype=str(dtype).removeprefix("torch."),
+            output_dim=model.output_dim,
+            max_batch_tokens=max_batch_tokens,
+            max_batch_seqs=max_batch_seqs,
+            cuda_graphs=cuda_graphs and self.on_gpu,
+            fusion=model.ops.mode,
+            weights_bytes=self.memory.weights_bytes,
+        )
+        self.selector = AttentionSelector(model.attention_spec, device, dtype)
+        self.info.attention_backends = self.selector.names
+        self.runner = GraphRunner(device, cuda_graphs)
+        self.steps = 0
+        self._type_limit = self._token_type_limit(model_info)
+        if self.on_gpu:
+            self.set_graph_limits(max_batch_tokens, max_batch_seqs)
+            self.stream = torch.cuda.Stream(device)
+            capacity = packed_size(seq_bucket(max_batch_seqs + 1), max_batch_tokens)
+            self._staging = [torch.empty(capacity, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+            self._staging_events = [torch.cuda.Event() for _ in range(2)]
+            self._next_staging = 0
+            self._device_inputs = torch.zeros(capacity, dtype=torch.int32, device=device)
+            self.slots = HostSlots(NUM_HOST_SLOTS, max_batch_seqs, model.output_dim)
+
+    @staticmethod
+    def _token_type_limit(model_info: ModelInfo) -> int:
+        return int(model_info.config.get("type_vocab_size", 1) or 1)
+
+    def set_graph_limits(self, max_tokens: int, max_seqs: int) -> None:
+        """Bound batches and graph buckets (start-up sizing may lower them to fit memory)."""
+        self.info.max_batch_tokens = max_tokens
+        self.info.max_batch_seqs = max_seqs
+        if self.info.cuda_graphs:
+            self.info.graph_max_tokens = max_tokens
+            self.info.graph_max_seqs = seq_bucket(max_seqs + 1)
+
+    # ---- stepping -------------------------------------------------------------------------------
+
+    def step(self, batch: Batch) -> LazyTensor:
+        """Launch one batch; the LazyTensor's row i is sequence i's result."""
+        self._validate(batch)
+        self.steps += 1
+        if not self.on_gpu:
+            return LazyTensor(self.run_eager(batch))
+        shape = plan_shape(batch.seq_lens, self.info.graph_max_tokens, self.info.graph_max_seqs)
+        slot = self.slots.acquire()
+        try:
+            with torch.inference_mode(), torch.cuda.stream(self.stream):
+                tensors = self._upload(batch, shape)
+                out = self.runner.run(shape, lambda: self._forward(shape, tensors))
+                host = self.slots.buffers[slot][: batch.num_seqs]
+                host.copy_(out[: batch.num_seqs], non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self.stream)
+        except BaseException:
+            self.slots.release(slot)
+            raise
+        return LazyTensor(host.numpy(), event, self.slots, slot)
+
+    def _upload(self, batch: Batch, shape: StepShape) -> StepTensors:
+        index = self._next_staging
+        self._next_staging ^= 1
+        self._staging_events[index].synchronize()  # the last copy out of this staging buffer is done
+        staging = self._staging[index]
+        size = pack_batch(batch, shape, staging.numpy(), self.model.uses_token_types)
+        self._device_inputs[:size].copy_(staging[:size], non_blocking=True)
+        self._staging_events[index].record(self.stream)
+        return unpack(self._device_inputs, shape)
+
+    def _forward(self, shape: StepShape, step: StepTensors) -> torch.Tensor:
+        ctx = self.selector.choose(
+            AttentionContext(
+                cu_seqlens=step.cu_seqlens,
+                seq_ids=step.seq_ids,
+                positions=step.positions,
+                num_seqs=shape.num_seqs,
+                num_tokens=shape.num_tokens,
+                max_seqlen=shape.max_seqlen,
+                dense_len=shape.dense_len,
+                spec=self.model.attention_spec,
+                backend=PaddedSdpa(),
+            )
+        )
+        out = self.model.forward(step, ctx)
+        if self.info.model.kind == KIND_EMBEDDING:
+            out = normalize_rows(out, step.normalize)
+        return out
+
+    def run_eager(self, batch: Batch, bucketed: bool = False) -> np.ndarray:
+        """One step without graphs or result slots (CPU steps, start-up probes, tests); returns the rows.
+
+        bucketed=True pads the batch to its graph bucket shape, as a replayed graph would see it.
+        """
+        if bucketed:
+            shape = plan_shape(batch.seq_lens, self.info.max_batch_tokens, seq_bucket(self.info.max_batch_seqs + 1))
+        else:
+            shape = plan_shape(batch.seq_lens, 0, 0)
+        if not self.on_gpu:
+            packed = np.empty(packed_size(shape.num_seqs, shape.num_tokens), dtype=np.int32)
+            pack_batch(batch, shape, packed, self.model.uses_token_types)
+            with torch.inference_mode():
+                tensors = unpack(torch.from_numpy(packed).to(self.device), shape)
+                return self._forward(shape, tensors)[: batch.num_seqs].cpu().numpy()
+        with torch.inference_mode(), torch.cuda.stream(self.stream):
+            out = self._forward(shape, self._upload(batch, shape))[: batch.num_seqs].cpu()
+        return out.numpy()
+
+    def _validate(self, batch: Batch) -> None:
+        lens = np.asarray(batch.seq_lens)
+        if batch.num_seqs < 1 or lens.min() < 1:
+            raise ValueError("a batch needs at least one sequence and every sequence at least one token")
+        if int(lens.sum()) != batch.num_tokens:
+            raise ValueError(f"seq_lens sum to {int(lens.sum())} but input_ids has {batch.num_tokens} tokens")
+        if batch.num_tokens > self.info.max_batch_tokens or batch.num_seqs > self.info.max_batch_seqs:
+            raise ValueError(
+                f"batch of {batch.num_seqs} sequences / {batch.num_tokens} tokens exceeds the engine's limits "
+                f"({self.info.max_batch_seqs} / {self.info.max_batch_tokens})"
+            )
+        if int(lens.max()) > self.info.model.max_input_length:
+            raise ValueError(f"a sequence of {int(lens.max())} tokens exceeds {self.info.model.max_input_length}")
+        ids = batch.input_ids
+        if int(ids.min()) < 0 or int(ids.max()) >= self.info.model.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.info.model.vocab_size})")
+        types = batch.token_type_ids
+        if types is not None and self.model.uses_token_types:
+            if types.shape != ids.shape or int(types.min()) < 0 or int(types.max()) >= self._type_limit:
+                raise ValueError(f"token_type_ids must match input_ids and lie in [0, {self._type_limit})")
+        if batch.normalize is not None and np.asarray(batch.normalize).shape != (batch.num_seqs,):
+            raise ValueError("normalize must have one flag per sequence")
+
+    # ---- reporting ------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        counters = self.runner.counters
+        stats: dict[str, Any] = {
+            "steps": self.steps,
+            "warmups": counters.warmups,
+            "captures": counters.captures,
+            "replays": counters.replays,
+            "eager_steps": counters.eager_steps,
+            "capture_failures": counters.capture_failures,
+            "graphs": len(self.runner.graphs),
+            "graph_pool_bytes": self.runner.pool_bytes,
+            "weights_bytes": self.memory.weights_bytes,
+            "activation_peak_bytes": self.memory.activation_peak_bytes,
+            "attention_choices": self.selector.chosen(),
+        }
+        if self.on_gpu:
+            stats["free_result_slots"] = self.slots.free
+            stats["gpu_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
+            stats["gpu_reserved_bytes"] = torch.cuda.memory_reserved(self.device)
+        return stats
+
+
+def synthetic_batch(num_tokens: int, seq_len: int, vocab_size: int, seed: int = 0) -> Batch:
+    """Random ids in sequences of seq_len (the last one shorter) adding up to num_tokens."""
+    lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, vocab_size, size=num_tokens, dtype=np.int32)
+    return Batch(input_ids=ids, seq_lens=np.asarray(lens, dtype=np.int32))
+
+
+def elapsed_since(start: float) -> float:
+    return round(time.perf_counter() - start, 3)

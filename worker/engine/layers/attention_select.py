@@ -1,0 +1,149 @@
+"""Choosing the attention backend per step shape, from times measured on the device and cached.
+
+At start-up every backend that imports is checked against a float32 reference on a small ragged and a
+small dense problem; those that fail are dropped. The first time a step shape is seen (the eager
+warm-up of its CUDA graph bucket) each backend that supports it is timed with CUDA events on random
+inputs of that shape and the fastest is remembered, so a captured graph holds the winner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import torch
+
+from worker.engine.layers.attention import AttentionContext, AttentionSpec
+from worker.engine.layers.attention_backends import PaddedSdpa, available_backends
+
+log = logging.getLogger("quiver.engine")
+
+ShapeKey = tuple[int, int, int, int]
+
+_VERIFY_TOLERANCE = 2e-2  # relative L2 error; bf16 attention lands near 4e-3
+_TIMING_WARMUP = 2
+_TIMING_CALLS = 10
+
+
+def _cu_seqlens(lens: list[int], device: torch.device) -> torch.Tensor:
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(lens, dtype=torch.int32), 0)
+    return cu.to(device)
+
+
+def context_for_lens(
+    lens: list[int], spec: AttentionSpec, device: torch.device, max_seqlen: int | None = None, dense: bool = False
+) -> AttentionContext:
+    """An AttentionContext for explicit row lengths (for checks and measurements)."""
+    cu = _cu_seqlens(lens, device)
+    lens_t = torch.tensor(lens, dtype=torch.int64)
+    seq_ids = torch.repeat_interleave(torch.arange(len(lens)), lens_t)
+    starts = torch.repeat_interleave(cu[:-1].cpu().long(), lens_t)
+    positions = torch.arange(int(lens_t.sum())) - starts
+    return AttentionContext(
+        cu_seqlens=cu,
+        seq_ids=seq_ids.to(device=device, dtype=torch.int32),
+        positions=positions.to(device=device, dtype=torch.int32),
+        num_seqs=len(lens),
+        num_tokens=int(lens_t.sum()),
+        max_seqlen=max_seqlen or max(lens),
+        dense_len=lens[0] if dense else 0,
+        spec=spec,
+        backend=PaddedSdpa(),
+    )
+
+
+def _random_qkv(ctx: AttentionContext, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    spec, device = ctx.spec, ctx.cu_seqlens.device
+    q = torch.randn(ctx.num_tokens, spec.num_heads, spec.head_dim, device=device, dtype=dtype)
+    k = torch.randn(ctx.num_tokens, spec.num_kv_heads, spec.head_dim, device=device, dtype=dtype)
+    v = torch.randn(ctx.num_tokens, spec.num_kv_heads, spec.head_dim, device=device, dtype=dtype)
+    return q, k, v
+
+
+class AttentionSelector:
+    def __init__(self, spec: AttentionSpec, device: torch.device, dtype: torch.dtype) -> None:
+        self.spec = spec
+        self.device = device
+        self.dtype = dtype
+        self.backends: list[Any] = available_backends(device)
+        self.rejected: dict[str, str] = {}
+        self.timings_ms: dict[ShapeKey, dict[str, float]] = {}
+        self._choice: dict[ShapeKey, Any] = {}
+        if device.type == "cuda":
+            self._verify()
+
+    @property
+    def names(self) -> list[str]:
+        return [b.name for b in self.backends]
+
+    def _verify(self) -> None:
+        ragged = context_for_lens([37, 64, 5, 1, 21, 0, 0, 0], self.spec, self.device, max_seqlen=64)
+        dense = context_for_lens([64, 64], self.spec, self.device, dense=True)
+        kept = []
+        for backend in self.backends:
+            problem = None
+            for ctx in (ragged, dense):
+                if not backend.supports(ctx, self.dtype):
+                    continue
+                q, k, v = _random_qkv(ctx, self.dtype)
+                reference = PaddedSdpa()(q.float(), k.float(), v.float(), ctx)
+                try:
+                    out = backend(q, k, v, dataclasses.replace(ctx, backend=backend)).float()
+                    torch.cuda.synchronize(self.device)
+                except Exception as exc:  # noqa: BLE001 - any failure means "not usable here"
+                    problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    break
+                error = float((out - reference).norm() / reference.norm())
+                if not error < _VERIFY_TOLERANCE:
+                    problem = f"relative error {error:.3g} against the float32 reference"
+                    break
+            if problem is None:
+                kept.append(backend)
+            else:
+                self.rejected[backend.name] = problem
+        for name, problem in self.rejected.items():
+            log.info("attention backend %s not used: %s", name, problem)
+        self.backends = kept
+
+    def choose(self, ctx: AttentionContext) -> AttentionContext:
+        """Return ctx with the fastest verified backend for its shape (measured once per shape)."""
+        key = (ctx.num_seqs, ctx.num_tokens, ctx.max_seqlen, ctx.dense_len)
+        backend = self._choice.get(key)
+        if backend is None:
+            backend = self._measure(key, ctx)
+            self._choice[key] = backend
+        return dataclasses.replace(ctx, backend=backend)
+
+    def _measure(self, key: ShapeKey, ctx: AttentionContext) -> Any:
+        candidates = [b for b in self.backends if b.supports(ctx, self.dtype)]
+        if len(candidates) == 1 or self.device.type != "cuda":
+            return candidates[0]
+        q, k, v = _random_qkv(ctx, self.dtype)
+        times: dict[str, float] = {}
+        for backend in candidates:
+            trial = dataclasses.replace(ctx, backend=backend)
+            try:
+                for _ in range(_TIMING_WARMUP):
+                    backend(q, k, v, trial)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(_TIMING_CALLS):
+                    backend(q, k, v, trial)
+                end.record()
+                end.synchronize()
+                times[backend.name] = start.elapsed_time(end) / _TIMING_CALLS
+            except Exception as exc:  # noqa: BLE001 - a backend that fails on a shape is skipped for it
+                log.debug("attention backend %s failed at %s: %s", backend.name, key, exc)
+        self.timings_ms[key] = times
+        best = min(times, key=times.__getitem__)
+        log.debug("attention at %s: %s -> %s", key, times, best)
+        return next(b for b in candidates if b.name == best)
+
+    def chosen(self) -> dict[str, int]:
+        """How many measured shapes each backend won."""
+        counts: dict[str, int] = {}
+        for backend in self._choice.values():
+            counts[backend.name] = counts.get(backend.name, 0) + 1
+        return counts

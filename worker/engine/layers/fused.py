@@ -1,0 +1,139 @@
+"""Elementwise work between the matrix products, written once and optionally fused by torch.compile.
+
+Each function is one fusion unit: on the GPU, torch.compile turns it into one or two Triton kernels
+(residual add + norm, q/k norm + rotary, SwiGLU, GELU, embedding sum + LayerNorm); on the CPU, or with
+fusion off, the same functions run as plain PyTorch. Matrix products stay outside (cuBLAS).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger("quiver.engine")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual): the pre-norm transformer's residual step."""
+    summed = x + residual
+    return rms_norm(summed, weight, eps), summed
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def qk_norm_rope(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    positions: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split Qwen3's fused qkv [T, (H + 2 Hkv) D], RMS-normalise q and k per head, rotate them."""
+    tokens = qkv.shape[0]
+    head_dim = q_weight.shape[0]
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    cos = cos_table[positions].unsqueeze(1)
+    sin = sin_table[positions].unsqueeze(1)
+    q = _rotate(rms_norm(q.view(tokens, num_heads, head_dim), q_weight, eps), cos, sin)
+    k = _rotate(rms_norm(k.view(tokens, num_kv_heads, head_dim), k_weight, eps), cos, sin)
+    return q, k, v.reshape(tokens, num_kv_heads, head_dim)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "gelu":
+        return F.gelu(x)
+    if kind in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        return F.gelu(x, approximate="tanh")
+    if kind == "relu":
+        return F.relu(x)
+    if kind in ("silu", "swish"):
+        return F.silu(x)
+    raise NotImplementedError(f"activation {kind!r} is not supported")
+
+
+def add_layer_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """LayerNorm(x + residual): the post-norm encoder's residual step."""
+    return F.layer_norm(x + residual, (x.shape[-1],), weight, bias, eps)
+
+
+def embed_layer_norm(
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    token_type_ids: torch.Tensor,
+    word_table: torch.Tensor,
+    position_table: torch.Tensor,
+    type_table: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    summed = word_table[input_ids] + type_table[token_type_ids] + position_table[positions]
+    return F.layer_norm(summed, (summed.shape[-1],), weight, bias, eps)
+
+
+@dataclass(frozen=True)
+class ElementwiseOps:
+    """The fusion units a model calls; plain functions or their compiled versions."""
+
+    mode: str
+    rms_norm: Callable[..., torch.Tensor]
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    qk_norm_rope: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    silu_mul: Callable[..., torch.Tensor]
+    activation: Callable[..., torch.Tensor]
+    add_layer_norm: Callable[..., torch.Tensor]
+    embed_layer_norm: Callable[..., torch.Tensor]
+
+
+_UNITS = {
+    "rms_norm": rms_norm,
+    "add_rms_norm": add_rms_norm,
+    "qk_norm_rope": qk_norm_rope,
+    "silu_mul": silu_mul,
+    "activation": activation,
+    "add_layer_norm": add_layer_norm,
+    "embed_layer_norm": embed_layer_norm,
+}
+
+
+def plain_ops() -> ElementwiseOps:
+    return ElementwiseOps(mode="none", **_UNITS)
+
+
+def compiled_ops() -> ElementwiseOps:
+    """torch.compile each unit; shapes become dynamic after the first recompile (automatic dynamic)."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), 64))
+    compiled = {name: torch.compile(fn, fullgraph=True) for name, fn in _UNITS.items()}
+    return ElementwiseOps(mode="compile", **compiled)

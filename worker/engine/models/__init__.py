@@ -1,0 +1,1 @@
+"""Model families on ragged batches: BERT / RoBERTa / XLM-RoBERTa encoders and Qwen3."""

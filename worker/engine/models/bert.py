@@ -1,0 +1,128 @@
+"""BERT, RoBERTa and XLM-RoBERTa encoders on ragged batches, with their pooling and classifier heads.
+
+Post-norm transformer: learned absolute positions (RoBERTa's start at pad_token_id + 1), token types,
+LayerNorm, GELU. Embedders pool (cls / mean / lasttoken); *ForSequenceClassification checkpoints return
+the raw logits of their head: BERT's pooler + classifier, or RoBERTa's classifier.dense + out_proj.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from common.model_info import KIND_CLASSIFIER, ModelInfo
+from worker.engine.inputs import StepTensors
+from worker.engine.layers.attention import AttentionContext, AttentionSpec, attention
+from worker.engine.layers.fused import ElementwiseOps
+from worker.engine.models.base import Weights, tensors_bytes
+from worker.engine.pooling import pool
+
+ROBERTA_FAMILY = ("roberta", "xlm-roberta")
+
+
+@dataclass
+class EncoderLayer:
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor
+    out_weight: torch.Tensor
+    out_bias: torch.Tensor
+    attn_norm_weight: torch.Tensor
+    attn_norm_bias: torch.Tensor
+    up_weight: torch.Tensor
+    up_bias: torch.Tensor
+    down_weight: torch.Tensor
+    down_bias: torch.Tensor
+    mlp_norm_weight: torch.Tensor
+    mlp_norm_bias: torch.Tensor
+
+    @classmethod
+    def load(cls, weights: Weights, prefix: str) -> EncoderLayer:
+        attn = f"{prefix}.attention"
+        qkv = [f"{attn}.self.{name}" for name in ("query", "key", "value")]
+        return cls(
+            qkv_weight=weights.take_cat([f"{n}.weight" for n in qkv]),
+            qkv_bias=weights.take_cat([f"{n}.bias" for n in qkv]),
+            out_weight=weights.take(f"{attn}.output.dense.weight"),
+            out_bias=weights.take(f"{attn}.output.dense.bias"),
+            attn_norm_weight=weights.take(f"{attn}.output.LayerNorm.weight"),
+            attn_norm_bias=weights.take(f"{attn}.output.LayerNorm.bias"),
+            up_weight=weights.take(f"{prefix}.intermediate.dense.weight"),
+            up_bias=weights.take(f"{prefix}.intermediate.dense.bias"),
+            down_weight=weights.take(f"{prefix}.output.dense.weight"),
+            down_bias=weights.take(f"{prefix}.output.dense.bias"),
+            mlp_norm_weight=weights.take(f"{prefix}.output.LayerNorm.weight"),
+            mlp_norm_bias=weights.take(f"{prefix}.output.LayerNorm.bias"),
+        )
+
+    def tensors(self) -> list[torch.Tensor]:
+        return list(vars(self).values())
+
+
+class BertEncoder:
+    def __init__(self, info: ModelInfo, weights: Weights, ops: ElementwiseOps) -> None:
+        config = info.config
+        if config.get("position_embedding_type", "absolute") != "absolute":
+            raise NotImplementedError(f"position_embedding_type {config['position_embedding_type']!r}")
+        self.info = info
+        self.ops = ops
+        self.eps = float(config.get("layer_norm_eps", 1e-12))
+        self.hidden_act = str(config.get("hidden_act", "gelu"))
+        heads = int(config["num_attention_heads"])
+        self.attention_spec = AttentionSpec(heads, heads, info.hidden_size // heads, causal=False)
+        self.uses_token_types = info.model_type not in ROBERTA_FAMILY
+
+        position_offset = int(config.get("pad_token_id", 1)) + 1 if info.model_type in ROBERTA_FAMILY else 0
+        self.word_table = weights.take("embeddings.word_embeddings.weight")
+        self.position_table = weights.take("embeddings.position_embeddings.weight")[position_offset:]
+        self.type_table = weights.take("embeddings.token_type_embeddings.weight")
+        self.embed_norm_weight = weights.take("embeddings.LayerNorm.weight")
+        self.embed_norm_bias = weights.take("embeddings.LayerNorm.bias")
+        self.layers = [
+            EncoderLayer.load(weights, f"encoder.layer.{i}") for i in range(int(config["num_hidden_layers"]))
+        ]
+
+        self.head: list[torch.Tensor] = []
+        if info.kind == KIND_CLASSIFIER:
+            if "classifier.out_proj.weight" in weights:
+                names = ["classifier.dense.weight", "classifier.dense.bias", "classifier.out_proj.weight"]
+                names.append("classifier.out_proj.bias")
+            else:
+                names = ["pooler.dense.weight", "pooler.dense.bias", "classifier.weight", "classifier.bias"]
+            self.head = [weights.take(n) for n in names]
+            self.output_dim = int(self.head[2].shape[0])
+        else:
+            self.output_dim = info.hidden_size
+
+    def parameters_bytes(self) -> int:
+        held = [self.word_table, self.position_table, self.type_table, self.embed_norm_weight]
+        held += [self.embed_norm_bias, *self.head]
+        for layer in self.layers:
+            held += layer.tensors()
+        return tensors_bytes(held)
+
+    def forward(self, step: StepTensors, attn: AttentionContext) -> torch.Tensor:
+        ops, spec = self.ops, self.attention_spec
+        tokens = step.input_ids.shape[0]
+        width = spec.num_heads * spec.head_dim
+        x = ops.embed_layer_norm(
+            step.input_ids, step.positions, step.token_type_ids,
+            self.word_table, self.position_table, self.type_table,
+            self.embed_norm_weight, self.embed_norm_bias, self.eps,
+        )
+        for layer in self.layers:
+            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)
+            q, k, v = (part.view(tokens, spec.num_heads, spec.head_dim) for part in qkv.split(width, dim=-1))
+            context = attention(q, k, v, attn).reshape(tokens, width)
+            projected = F.linear(context, layer.out_weight, layer.out_bias)
+            x = ops.add_layer_norm(projected, x, layer.attn_norm_weight, layer.attn_norm_bias, self.eps)
+            up = ops.activation(F.linear(x, layer.up_weight, layer.up_bias), self.hidden_act)
+            down = F.linear(up, layer.down_weight, layer.down_bias)
+            x = ops.add_layer_norm(down, x, layer.mlp_norm_weight, layer.mlp_norm_bias, self.eps)
+
+        if self.head:
+            dense_weight, dense_bias, out_weight, out_bias = self.head
+            first = x.index_select(0, step.first_index)
+            return F.linear(torch.tanh(F.linear(first, dense_weight, dense_bias)), out_weight, out_bias).float()
+        return pool(x, step, self.info.pooling)

@@ -1,0 +1,194 @@
+"""load_engine: build the model, then (on a GPU) choose the fusion, size the token budget to the memory
+fraction, measure attention backends at common shapes, and log what the engine holds."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from common.model_info import load_model_info
+from worker.engine.batch import Batch
+from worker.engine.buckets import plan_shape
+from worker.engine.engine import Engine, elapsed_since, synthetic_batch
+from worker.engine.graphs import time_with_graph
+from worker.engine.layers.attention_select import context_for_lens
+from worker.engine.layers.fused import ElementwiseOps, compiled_ops, plain_ops
+from worker.engine.loader import build_model
+from worker.engine.memory import describe, peak_bytes_of, tokens_within_budget
+
+log = logging.getLogger("quiver.engine")
+
+DEFAULT_MAX_BATCH_SEQS = 256
+DEFAULT_MAX_BATCH_TOKENS = {"cuda": 16384, "cpu": 8192}
+DEFAULT_GPU_MEMORY_FRACTION = 0.9
+FUSION_MODES = ("auto", "compile", "none")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def load_engine(
+    model_dir: str | Path,
+    device: str = "cpu",
+    dtype: str | None = None,
+    max_batch_tokens: int | None = None,
+    max_batch_seqs: int | None = None,
+    gpu_memory_fraction: float | None = None,
+    cuda_graphs: bool = True,
+    fusion: str = "auto",
+) -> Engine:
+    """Load a checkpoint directory into a ready Engine (bf16 on GPU and float32 on CPU by default)."""
+    if fusion not in FUSION_MODES:
+        raise ValueError(f"fusion must be one of {FUSION_MODES}")
+    start = time.perf_counter()
+    info = load_model_info(model_dir)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    if dev.type == "cuda" and gpu_memory_fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction, dev)
+    with torch.inference_mode():
+        model = build_model(info, dev, torch_dtype, plain_ops())
+    detail = {"load_s": elapsed_since(start)}
+    tokens = max_batch_tokens or max(DEFAULT_MAX_BATCH_TOKENS.get(dev.type, 8192), info.max_input_length)
+    engine = Engine(model, info, dev, torch_dtype, tokens, max_batch_seqs or DEFAULT_MAX_BATCH_SEQS, cuda_graphs)
+    if dev.type == "cuda":
+        detail.update(choose_fusion(engine, fusion))
+        phase = time.perf_counter()
+        size_memory(engine, gpu_memory_fraction or DEFAULT_GPU_MEMORY_FRACTION)
+        survey_attention(engine)
+        detail["memory_and_attention_s"] = elapsed_since(phase)
+    engine.info.startup_seconds = elapsed_since(start)
+    engine.info.startup_detail = detail
+    log_startup(engine)
+    return engine
+
+
+def _probe(engine: Engine, num_tokens: int, seq_len: int, seed: int = 0) -> Batch:
+    seq_len = max(1, min(seq_len, engine.info.model.max_input_length, num_tokens))
+    return synthetic_batch(num_tokens, seq_len, engine.info.model.vocab_size, seed)
+
+
+def _graph_time_ms(engine: Engine, batch: Batch) -> float:
+    """Replay time of one step in a throw-away CUDA graph, after an eager warm-up."""
+    shape = plan_shape(batch.seq_lens, engine.info.max_batch_tokens, engine.info.graph_max_seqs or 1 << 30)
+    with torch.inference_mode(), torch.cuda.stream(engine.stream):
+        tensors = engine._upload(batch, shape)
+        forward: Callable[[], torch.Tensor] = lambda: engine._forward(shape, tensors)  # noqa: E731
+        forward()
+        return time_with_graph(forward)
+
+
+def choose_fusion(engine: Engine, mode: str) -> dict[str, Any]:
+    """Compile the elementwise units; under "auto" keep them only if graph replays measure faster."""
+    if mode == "none":
+        return {}
+    start = time.perf_counter()
+    plain: ElementwiseOps = engine.model.ops
+    check = _probe(engine, 320, 160, seed=1)
+    reference = engine.run_eager(check)
+    try:
+        engine.model.ops = compiled_ops()
+        for tokens, seq_len in ((64, 64), (192, 96), (1024, 512)):  # two shapes make the token dim dynamic
+            engine.run_eager(_probe(engine, tokens, seq_len))
+        fused = engine.run_eager(check)
+    except Exception as exc:  # noqa: BLE001 - any compiler failure: run unfused
+        log.warning("torch.compile fusion failed, running unfused: %s", exc)
+        engine.model.ops = plain
+        engine.info.fusion = plain.mode
+        return {"compile_s": elapsed_since(start)}
+    detail: dict[str, Any] = {"compile_s": elapsed_since(start)}
+    cosine = float(np.min(np.sum(fused * reference, 1) / (
+        np.linalg.norm(fused, axis=1) * np.linalg.norm(reference, axis=1) + 1e-30)))
+    if mode == "auto":
+        probes = [_probe(engine, 128, 128), _probe(engine, 8192, 512)]
+        probes = [p for p in probes if p.num_tokens <= engine.info.max_batch_tokens]
+        compiled = engine.model.ops
+        times = {}
+        for ops in (plain, compiled):
+            engine.model.ops = ops
+            try:
+                times[ops.mode] = [round(_graph_time_ms(engine, p), 3) for p in probes]
+            except Exception as exc:  # noqa: BLE001 - an op set that cannot be timed is not chosen
+                log.warning("fusion probe with %s ops failed: %s", ops.mode, exc)
+                times[ops.mode] = [float("inf")]
+        detail["fusion_probe_ms"] = times
+        faster = sum(times["compile"]) < sum(times["none"])
+        engine.model.ops = compiled if faster and cosine > 0.999 else plain
+        log.info("fusion probe (graph replay ms at %s tokens): %s", [p.num_tokens for p in probes], times)
+    if cosine <= 0.999:
+        log.warning("compiled units disagree with plain ones (cosine %.6f); running unfused", cosine)
+        engine.model.ops = plain
+    engine.info.fusion = engine.model.ops.mode
+    return detail
+
+
+def size_memory(engine: Engine, fraction: float) -> None:
+    """Fit the token budget and graph buckets into fraction of the GPU; measure the activation peak."""
+    figures, dev = engine.memory, engine.device
+    figures.total_bytes = torch.cuda.get_device_properties(dev).total_memory
+    figures.budget_bytes = int(figures.total_bytes * fraction)
+    probe_tokens = min(engine.info.max_batch_tokens, 4096)
+    peak = peak_bytes_of(lambda: engine.run_eager(_probe(engine, probe_tokens, 512)), dev)
+    figures.bytes_per_token = math.ceil(peak / probe_tokens)
+    tokens = tokens_within_budget(figures, engine.info.max_batch_tokens)
+    if tokens < engine.info.max_batch_tokens:
+        log.warning(
+            "gpu memory fraction %.2f: token budget lowered from %d to %d",
+            fraction, engine.info.max_batch_tokens, tokens,
+        )
+        engine.set_graph_limits(tokens, engine.info.max_batch_seqs)
+    largest = _probe(engine, engine.info.max_batch_tokens, 512)
+    figures.activation_peak_bytes = peak_bytes_of(lambda: engine.run_eager(largest), dev)
+    engine.info.activation_peak_bytes = figures.activation_peak_bytes
+    engine.info.gpu_total_bytes = figures.total_bytes
+    engine.info.gpu_budget_bytes = figures.budget_bytes
+
+
+def survey_attention(engine: Engine) -> None:
+    """Measure the attention backends at common single-sequence and equal-length shapes, and log them."""
+    spec, dev = engine.model.attention_spec, engine.device
+    limit = min(engine.info.max_batch_tokens, engine.info.model.max_input_length)
+    for rows, length in ((1, 128), (1, 512), (1, 4096), (16, 512), (8, 1024)):
+        if rows * length > engine.info.max_batch_tokens or length > limit:
+            continue
+        engine.selector.choose(context_for_lens([length] * rows, spec, dev, dense=True))
+    for key, times in engine.selector.timings_ms.items():
+        log.info("attention %s: %s", key, {k: round(v, 4) for k, v in sorted(times.items(), key=lambda kv: kv[1])})
+
+
+def log_startup(engine: Engine) -> None:
+    info, figures = engine.info, engine.memory
+    log.info(
+        "engine ready: %s (%s) on %s in %s; output dim %d; up to %d tokens / %d sequences per step; "
+        "CUDA graphs %s (up to %d tokens); fusion %s; attention backends %s",
+        info.model.name, info.model.kind, info.device, info.dtype, info.output_dim,
+        info.max_batch_tokens, info.max_batch_seqs, "on" if info.cuda_graphs else "off",
+        info.graph_max_tokens, info.fusion, info.attention_backends,
+    )
+    if engine.on_gpu:
+        log.info(
+            "gpu memory: weights %s, activation peak at %d tokens %s (%d bytes/token), budget %s of %s; "
+            "graph pool grows as buckets are captured (engine.stats()['graph_pool_bytes'])",
+            describe(figures.weights_bytes), info.max_batch_tokens, describe(figures.activation_peak_bytes),
+            figures.bytes_per_token, describe(figures.budget_bytes), describe(figures.total_bytes),
+        )
+    log.info("start-up took %.1f s: %s", info.startup_seconds, info.startup_detail)

@@ -1,0 +1,122 @@
+"""The worker's I/O thread: the only owner of the DEALER socket to the broker.
+
+Incoming chunks and cancels go into a queue the scheduler reads; results the scheduler pushes into
+an inproc PUSH socket come out here and go to the broker. Socket work thus overlaps model work.
+Heartbeats follow the Paranoid Pirate pattern: one every interval, and when the broker has been
+silent for the liveness window the socket is replaced and READY sent again, with a backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+
+import zmq
+
+from common.config import WorkerSettings
+from common.protocol import Cancel, Chunk, Disconnect, Heartbeat, ProtocolError, Ready, Reconnect
+from common.transport import make_socket, recv, send, send_frames
+
+log = logging.getLogger("quiver.worker.link")
+
+MAX_RECONNECT_BACKOFF_S = 8.0
+
+
+class BrokerLink(threading.Thread):
+    def __init__(self, ctx: zmq.Context, settings: WorkerSettings, ready: Ready,
+                 inbox: "queue.Queue[Chunk | Cancel]", outbox_endpoint: str) -> None:
+        super().__init__(name="broker-link", daemon=True)
+        self.ctx = ctx
+        self.settings = settings
+        self.ready = ready
+        self.inbox = inbox
+        self.outbox_endpoint = outbox_endpoint
+        self.identity = f"{ready.name}-{ready.pid}-{uuid.uuid4().hex[:8]}".encode()
+        self.draining = False
+        self.stopping = threading.Event()
+        self.connected_once = threading.Event()
+        self.bad_messages = 0
+        self.reconnects = 0
+        self.last_broker_contact = time.monotonic()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _connect(self) -> zmq.Socket:
+        sock = make_socket(self.ctx, zmq.DEALER, identity=self.identity)
+        sock.connect(self.settings.broker)
+        send(sock, self.ready)
+        return sock
+
+    def run(self) -> None:
+        outbox = make_socket(self.ctx, zmq.PULL)
+        outbox.bind(self.outbox_endpoint)
+        sock = self._connect()
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(outbox, zmq.POLLIN)
+        interval = self.settings.heartbeat_interval_s
+        next_heartbeat = time.monotonic() + interval
+        backoff = interval
+        self.last_broker_contact = time.monotonic()
+        while not self.stopping.is_set():
+            events = dict(poller.poll(max(0.0, next_heartbeat - time.monotonic()) * 1000))
+            if outbox in events:
+                self._forward_outbox(outbox, sock)
+            if sock in events:
+                self._read_broker(sock)
+            now = time.monotonic()
+            if now - self.last_broker_contact > self.settings.liveness_window_s:
+                log.warning("broker silent for %.1f s; reconnecting in %.1f s",
+                            now - self.last_broker_contact, backoff)
+                if self.stopping.wait(backoff):
+                    break
+                poller.unregister(sock)
+                sock.close()
+                sock = self._connect()
+                poller.register(sock, zmq.POLLIN)
+                self.reconnects += 1
+                self.last_broker_contact = time.monotonic()
+                backoff = min(backoff * 2, MAX_RECONNECT_BACKOFF_S)
+                continue
+            if now >= next_heartbeat:
+                send(sock, Heartbeat(draining=self.draining))
+                next_heartbeat = now + interval
+        self._forward_outbox(outbox, sock)
+        send(sock, Disconnect(reason="worker stopping"))
+        sock.close()
+        outbox.close()
+
+    def _forward_outbox(self, outbox: zmq.Socket, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = outbox.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            send_frames(sock, frames)
+
+    def _read_broker(self, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                message = recv(sock)
+            except zmq.Again:
+                return
+            except ProtocolError as exc:
+                self.bad_messages += 1
+                log.warning("dropped a malformed message from the broker: %s", exc)
+                continue
+            self.last_broker_contact = time.monotonic()
+            self.connected_once.set()
+            if isinstance(message, (Chunk, Cancel)):
+                self.inbox.put(message)
+            elif isinstance(message, Reconnect):
+                log.info("the broker does not know this worker; registering again")
+                send(sock, self.ready)
+            elif isinstance(message, Disconnect):
+                log.warning("the broker sent DISCONNECT: %s", message.reason)
+            elif not isinstance(message, Heartbeat):
+                self.bad_messages += 1
+                log.warning("the broker sent %s, which brokers do not send", type(message).__name__)

@@ -1,0 +1,91 @@
+"""`quiver worker`: load the model on one device, register with the broker, serve until told to stop.
+
+SIGTERM or SIGINT starts a drain: the worker tells the broker it wants no new chunks, finishes the
+ones it holds, says DISCONNECT (the broker re-dispatches anything it had not answered) and exits 0.
+A model that cannot be loaded exits with EXIT_MODEL_ERROR, which `quiver serve` does not retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import threading
+
+import zmq
+
+from common.config import WorkerSettings
+from common.metrics import serve_metrics
+from common.model_info import EXIT_MODEL_ERROR, ModelError, default_model_dir, tasks_for_kind
+from common.protocol import PROTOCOL_VERSION, Ready
+from common.transport import make_socket, send
+from worker import metrics
+from worker.link import BrokerLink
+from worker.scheduler import Scheduler
+
+log = logging.getLogger("quiver.worker")
+
+
+def run_worker(settings: WorkerSettings) -> int:
+    from worker.engine import load_engine  # torch is imported here, after the options are parsed
+
+    if settings.threads > 0:
+        import torch
+
+        torch.set_num_threads(settings.threads)
+    model_dir = settings.model or str(default_model_dir())
+    name = settings.name or settings.device
+    try:
+        engine = load_engine(
+            model_dir, device=settings.device, dtype=settings.dtype or None,
+            max_batch_tokens=settings.max_batch_tokens or None, max_batch_seqs=settings.max_batch_seqs or None,
+            gpu_memory_fraction=settings.gpu_memory_fraction or None, cuda_graphs=settings.cuda_graphs,
+        )
+    except (ModelError, OSError, ValueError, KeyError, RuntimeError) as exc:
+        log.error("worker %s cannot load the model from %s on %s: %s", name, model_dir, settings.device, exc)
+        return EXIT_MODEL_ERROR
+    info = engine.info
+    log.info("worker %s: %s (%s) on %s in %s; batches of up to %d tokens / %d sequences",
+             name, info.model.name, info.model.architecture, info.device, info.dtype,
+             info.max_batch_tokens, info.max_batch_seqs)
+    metrics.INFO.labels(name, info.device, info.model.name, info.dtype).set(1)
+    serve_metrics(settings.metrics_port, settings.metrics_host)
+
+    ready = Ready(
+        version=PROTOCOL_VERSION, name=name, model=info.model.name, device=info.device,
+        capacity_tokens=2 * info.max_batch_tokens, max_seqs=4 * info.max_batch_seqs,
+        tasks=tasks_for_kind(info.model.kind), pid=os.getpid(),
+    )
+    ctx = zmq.Context()
+    outbox_endpoint = f"inproc://worker-outbox-{os.getpid()}"
+    inbox: queue.Queue = queue.Queue()
+    link = BrokerLink(ctx, settings, ready, inbox, outbox_endpoint)
+    link.start()
+    outbox = make_socket(ctx, zmq.PUSH)
+    outbox.connect(outbox_endpoint)
+
+    stop = threading.Event()
+    drain = threading.Event()
+
+    def start_drain(signum: int, _frame: object) -> None:
+        if drain.is_set():
+            log.warning("second %s: stopping without finishing", signal.Signals(signum).name)
+            stop.set()
+            return
+        log.info("%s: draining", signal.Signals(signum).name)
+        link.draining = True
+        drain.set()
+
+    signal.signal(signal.SIGTERM, start_drain)
+    signal.signal(signal.SIGINT, start_drain)
+
+    scheduler = Scheduler(engine, send=lambda message: send(outbox, message), worker_name=name,
+                          max_batch_tokens=info.max_batch_tokens, max_batch_seqs=info.max_batch_seqs)
+    scheduler.run(inbox, stop, drain)
+    link.stop()
+    link.join(timeout=5)
+    outbox.close()
+    ctx.term()
+    log.info("worker %s stopped after %d batches", name, scheduler.steps)
+    return 0

@@ -1,0 +1,261 @@
+"""First-come-first-served scheduling of sequences into batches under a token budget.
+
+Chunks arrive whole; their sequences join one pool in arrival order. Each batch takes sequences from
+the front of the pool until the token budget or the sequence cap is reached (a single sequence longer
+than the budget runs alone). Batch N+1 is launched before the results of batch N are read, so the
+CPU prepares and unpacks while the device computes. A chunk's result goes back once all its rows are in.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from common.model_info import tasks_for_kind
+from common.protocol import Cancel, Chunk, Error, ErrorCode, Message, Result
+from worker import metrics
+from worker.engine import Batch
+
+log = logging.getLogger("quiver.worker.scheduler")
+
+
+@dataclass(eq=False)
+class ChunkJob:
+    chunk: Chunk
+    received: float
+    deadline: float
+    offsets: np.ndarray
+    rows_left: int
+    values: np.ndarray | None = None
+    started: float | None = None
+    inference_s: float = 0.0
+    closed: bool = False  # answered, failed or cancelled: its remaining sequences are skipped
+
+
+@dataclass(eq=False)
+class SequenceRef:
+    job: ChunkJob
+    row: int
+
+    @property
+    def length(self) -> int:
+        return int(self.job.chunk.seq_lens[self.row])
+
+
+@dataclass
+class InFlightBatch:
+    lazy: Any
+    refs: list[SequenceRef]
+    launched: float
+    jobs: list[ChunkJob] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, engine: Any, send: Callable[[Message], None], worker_name: str,
+                 max_batch_tokens: int, max_batch_seqs: int) -> None:
+        self.engine = engine
+        self.tasks = tasks_for_kind(engine.info.model.kind)
+        self.send = send
+        self.worker_name = worker_name
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_seqs = max_batch_seqs
+        model = engine.info.model
+        self.vocab_size = model.vocab_size
+        self.max_seq_len = model.max_input_length
+        self.output_dim = engine.info.output_dim
+        self.pool: collections.deque[SequenceRef] = collections.deque()
+        self.jobs: dict[str, ChunkJob] = {}
+        self.steps = 0
+        self.last_progress = time.monotonic()
+
+    # intake ------------------------------------------------------------------------------------
+    def accept(self, message: Chunk | Cancel) -> None:
+        if isinstance(message, Cancel):
+            job = self.jobs.pop(message.chunk_id, None)
+            if job is not None:
+                job.closed = True
+                metrics.CHUNKS.labels("cancelled").inc()
+            return
+        if message.chunk_id in self.jobs:
+            return  # the broker sent it again; the first copy will answer
+        problem = self._check(message)
+        if problem:
+            self._fail_chunk(message.chunk_id, ErrorCode.BAD_INPUT, problem)
+            return
+        now = time.monotonic()
+        offsets = np.zeros(message.num_seqs + 1, dtype=np.int64)
+        np.cumsum(message.seq_lens, out=offsets[1:])
+        job = ChunkJob(chunk=message, received=now, deadline=now + message.timeout_s,
+                       offsets=offsets, rows_left=message.num_seqs)
+        self.jobs[message.chunk_id] = job
+        self.pool.extend(SequenceRef(job, row) for row in range(message.num_seqs))
+
+    def _check(self, chunk: Chunk) -> str:
+        if chunk.task not in self.tasks:
+            return f"this worker's model does not do {chunk.task!r}"
+        ids = chunk.input_ids
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            return f"token ids must lie in [0, {self.vocab_size})"
+        longest = int(chunk.seq_lens.max())
+        if longest > self.max_seq_len:
+            return f"a sequence of {longest} tokens is longer than the model's limit of {self.max_seq_len}"
+        return ""
+
+    # batching ----------------------------------------------------------------------------------
+    def next_batch(self) -> tuple[Batch, list[SequenceRef]] | None:
+        """Take sequences from the front of the pool up to the budgets; None when nothing waits."""
+        refs: list[SequenceRef] = []
+        tokens = 0
+        now = time.monotonic()
+        while self.pool and len(refs) < self.max_batch_seqs:
+            ref = self.pool[0]
+            job = ref.job
+            if job.closed:
+                self.pool.popleft()
+                continue
+            if job.deadline < now:
+                self.pool.popleft()
+                self._close(job)
+                self._fail_chunk(job.chunk.chunk_id, ErrorCode.EXPIRED, "the request's deadline passed before it ran")
+                continue
+            if refs and tokens + ref.length > self.max_batch_tokens:
+                break
+            self.pool.popleft()
+            refs.append(ref)
+            tokens += ref.length
+            if job.started is None:
+                job.started = now
+        if not refs:
+            return None
+        return self._assemble(refs), refs
+
+    @staticmethod
+    def _assemble(refs: list[SequenceRef]) -> Batch:
+        def gather(name: str) -> np.ndarray:
+            parts = []
+            for ref in refs:
+                lo, hi = ref.job.offsets[ref.row], ref.job.offsets[ref.row + 1]
+                parts.append(getattr(ref.job.chunk, name)[lo:hi])
+            return np.concatenate(parts).astype(np.int32, copy=False)
+
+        with_types = any(ref.job.chunk.has_token_types for ref in refs)
+        if with_types and not all(ref.job.chunk.has_token_types for ref in refs):
+            types = np.concatenate([
+                ref.job.chunk.token_type_ids[ref.job.offsets[ref.row]:ref.job.offsets[ref.row + 1]]
+                if ref.job.chunk.has_token_types else np.zeros(ref.length, dtype=np.int32)
+                for ref in refs
+            ])
+        else:
+            types = gather("token_type_ids") if with_types else None
+        return Batch(
+            input_ids=gather("input_ids"),
+            seq_lens=np.fromiter((ref.length for ref in refs), dtype=np.int32, count=len(refs)),
+            token_type_ids=types,
+            normalize=np.fromiter((ref.job.chunk.normalize for ref in refs), dtype=bool, count=len(refs)),
+        )
+
+    # results -----------------------------------------------------------------------------------
+    def launch(self, batch: Batch, refs: list[SequenceRef]) -> InFlightBatch:
+        metrics.BATCH_SEQUENCES.observe(batch.num_seqs)
+        metrics.BATCH_TOKENS.observe(batch.num_tokens)
+        launched = time.monotonic()
+        return InFlightBatch(lazy=self.engine.step(batch), refs=refs, launched=launched)
+
+    def finish(self, flight: InFlightBatch) -> None:
+        """Wait for a launched batch, copy its rows into their chunks, answer the finished chunks."""
+        try:
+            rows = flight.lazy.wait()
+            self._scatter(rows, flight)
+        finally:
+            flight.lazy.release()
+        elapsed = time.monotonic() - flight.launched
+        metrics.STEP_SECONDS.observe(elapsed)
+        self.steps += 1
+        self.last_progress = time.monotonic()
+        for job in {id(ref.job): ref.job for ref in flight.refs}.values():
+            job.inference_s += elapsed
+            if job.rows_left == 0 and not job.closed:
+                self._answer(job)
+
+    def _scatter(self, rows: np.ndarray, flight: InFlightBatch) -> None:
+        for i, ref in enumerate(flight.refs):
+            job = ref.job
+            if job.closed:
+                continue
+            if job.values is None:
+                job.values = np.empty((job.chunk.num_seqs, rows.shape[1]), dtype=np.float32)
+            job.values[ref.row] = rows[i]
+            job.rows_left -= 1
+
+    def fail_batch(self, flight_refs: list[SequenceRef], exc: BaseException) -> None:
+        """The model raised on a batch: fail every chunk that had a sequence in it."""
+        for job in {id(ref.job): ref.job for ref in flight_refs}.values():
+            if not job.closed:
+                self._close(job)
+                self._fail_chunk(job.chunk.chunk_id, ErrorCode.INTERNAL, f"the model failed: {exc}")
+
+    def _answer(self, job: ChunkJob) -> None:
+        self._close(job)
+        assert job.values is not None and job.started is not None
+        self.send(Result(chunk_id=job.chunk.chunk_id, num_seqs=job.chunk.num_seqs, dim=job.values.shape[1],
+                         queue_s=job.started - job.received, inference_s=job.inference_s,
+                         worker=self.worker_name, values=job.values))
+        metrics.CHUNKS.labels("ok").inc()
+
+    def _close(self, job: ChunkJob) -> None:
+        job.closed = True
+        self.jobs.pop(job.chunk.chunk_id, None)
+
+    def _fail_chunk(self, chunk_id: str, code: ErrorCode, reason: str) -> None:
+        metrics.CHUNKS.labels(code.value).inc()
+        self.send(Error(chunk_id=chunk_id, code=code.value, message=reason, worker=self.worker_name))
+
+    # loop --------------------------------------------------------------------------------------
+    def run(self, inbox: "queue.Queue[Chunk | Cancel]", stop: threading.Event, drain: threading.Event) -> None:
+        """Serve until `stop`; after `drain`, finish what is held and return."""
+        pending: InFlightBatch | None = None
+        while not stop.is_set():
+            idle = pending is None and not self.pool
+            if idle and drain.is_set() and inbox.empty():
+                return
+            self._absorb(inbox, block=idle)
+            launched = None
+            picked = self.next_batch()
+            if picked is not None:
+                try:
+                    launched = self.launch(*picked)
+                except Exception as exc:  # a failing forward costs its batch, not the worker
+                    log.exception("the model failed on a batch of %d sequences", picked[0].num_seqs)
+                    self.fail_batch(picked[1], exc)
+            if pending is not None:
+                self._finish_guarded(pending)
+            pending = launched
+            metrics.QUEUE_DEPTH.set(len(self.pool))
+            metrics.INFLIGHT_CHUNKS.set(len(self.jobs))
+        if pending is not None:
+            self._finish_guarded(pending)
+
+    def _finish_guarded(self, flight: InFlightBatch) -> None:
+        try:
+            self.finish(flight)
+        except Exception as exc:
+            log.exception("the model failed on a batch of %d sequences", len(flight.refs))
+            self.fail_batch(flight.refs, exc)
+
+    def _absorb(self, inbox: "queue.Queue[Chunk | Cancel]", block: bool) -> None:
+        try:
+            self.accept(inbox.get(timeout=0.1) if block else inbox.get_nowait())
+        except queue.Empty:
+            return
+        while True:
+            try:
+                self.accept(inbox.get_nowait())
+            except queue.Empty:
+                return
