@@ -96,18 +96,21 @@ def one_batch(sequences: list[np.ndarray]) -> Batch:
     )
 
 
-def engine_latency(engine: Engine, length: int, iters: int, vocab: int) -> list[float]:
+def engine_latency(engine: Engine, length: int, iters: int, vocab: int) -> tuple[list[float], list[float]]:
+    """Per-request milliseconds around step() + wait(), and until step() returned (host launch cost)."""
     rng = np.random.default_rng(length)
     batch = one_batch([random_ids(rng, length, vocab)])
-    samples = []
+    samples, launches = [], []
     for i in range(iters + 5):  # warm-up, capture, then replays
         start = time.perf_counter()
         lazy = engine.step(batch)
+        launched = time.perf_counter()
         lazy.wait()
         lazy.release()
         if i >= 5:
             samples.append((time.perf_counter() - start) * 1e3)
-    return samples
+            launches.append((launched - start) * 1e3)
+    return samples, launches
 
 
 def engine_throughput(engine: Engine, count: int, length: int, batch_tokens: int, vocab: int, repeats: int = 3) -> float:
@@ -178,8 +181,13 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     engine_check = engine.step(one_batch([check_ids])).wait()
     if not args.skip_hf:
         result["cosine_engine_vs_hf_bf16"] = round(float((engine_check * hf_check).sum()), 6)
-    result["engine_latency_ms"] = {n: percentiles(engine_latency(engine, n, args.iters, vocab)) for n in lengths}
+    result["engine_latency_ms"], result["engine_launch_ms"] = {}, {}
+    for n in lengths:
+        samples, launches = engine_latency(engine, n, args.iters, vocab)
+        result["engine_latency_ms"][n] = percentiles(samples)
+        result["engine_launch_ms"][n] = percentiles(launches)
     print(f"{name} engine latency {result['engine_latency_ms']}", flush=True)
+    print(f"{name} engine launch (step() return) {result['engine_launch_ms']}", flush=True)
     result["engine_throughput"] = {
         f"{c}x{n}": round(engine_throughput(engine, c, n, args.batch_tokens, vocab), 1) for c, n in workloads
     }

@@ -3,8 +3,8 @@
 A graph is captured for one static shape. Real batches are padded up to a bucket: the token count to a
 multiple of 64 (up to 1024 tokens) or 256 (above), the sequence count to a power of two, and the longest
 sequence (which sizes the attention kernel's grid) to a power of two. Padding tokens form one extra
-"dummy" sequence, so that every token in the padded batch belongs to a well-defined sequence, and
-padding sequences beyond it are empty. A batch of equal-length sequences that already fills its token
+"dummy" sequence (all at position 0), so that every token in the padded batch belongs to a well-defined
+sequence, and padding sequences beyond it are empty. A batch of equal-length sequences that already fills its token
 bucket keeps its exact shape ("dense"), which lets dense attention kernels (cuDNN) run on it.
 """
 

@@ -49,10 +49,13 @@ class EngineInfo:
     gpu_total_bytes: int = 0
     gpu_budget_bytes: int = 0
     startup_seconds: float = 0.0
-    startup_detail: dict[str, float] = field(default_factory=dict)
+    startup_detail: dict[str, Any] = field(default_factory=dict)
 
 
 class Engine:
+    """One model on one device. step() is called from one thread; LazyTensors may be waited on and
+    released from any thread."""
+
     def __init__(
         self,
         model: RaggedModel,
@@ -93,6 +96,8 @@ class Engine:
             self._next_staging = 0
             self._device_inputs = torch.zeros(capacity, dtype=torch.int32, device=device)
             self.slots = HostSlots(NUM_HOST_SLOTS, max_batch_seqs, model.output_dim)
+            self._slot_events = [torch.cuda.Event() for _ in range(NUM_HOST_SLOTS)]
+            self._views: dict[StepShape, StepTensors] = {}  # device views per graphable shape
 
     @staticmethod
     def _token_type_limit(model_info: ModelInfo) -> int:
@@ -118,18 +123,23 @@ class Engine:
         slot = self.slots.acquire()
         try:
             with torch.inference_mode(), torch.cuda.stream(self.stream):
-                tensors = self._upload(batch, shape)
-                out = self.runner.run(shape, lambda: self._forward(shape, tensors))
+                tensors = self.upload(batch, shape)
+                out = self.runner.run(shape, lambda: self.forward_step(shape, tensors))
                 host = self.slots.buffers[slot][: batch.num_seqs]
                 host.copy_(out[: batch.num_seqs], non_blocking=True)
-                event = torch.cuda.Event()
+                event = self._slot_events[slot]  # reused: the slot's last reader has released it
                 event.record(self.stream)
         except BaseException:
             self.slots.release(slot)
             raise
         return LazyTensor(host.numpy(), event, self.slots, slot)
 
-    def _upload(self, batch: Batch, shape: StepShape) -> StepTensors:
+    def upload(self, batch: Batch, shape: StepShape) -> StepTensors:
+        """Pack the batch for shape and copy it to the device (GPU only); the views the model reads.
+
+        upload() and forward_step() are the two halves of a step, public for start-up probes and
+        profiling; call them inside `torch.inference_mode()` and `torch.cuda.stream(engine.stream)`.
+        """
         index = self._next_staging
         self._next_staging ^= 1
         self._staging_events[index].synchronize()  # the last copy out of this staging buffer is done
@@ -137,9 +147,15 @@ class Engine:
         size = pack_batch(batch, shape, staging.numpy(), self.model.uses_token_types)
         self._device_inputs[:size].copy_(staging[:size], non_blocking=True)
         self._staging_events[index].record(self.stream)
-        return unpack(self._device_inputs, shape)
+        if not shape.graphable:
+            return unpack(self._device_inputs, shape)
+        views = self._views.get(shape)
+        if views is None:
+            views = self._views[shape] = unpack(self._device_inputs, shape)
+        return views
 
-    def _forward(self, shape: StepShape, step: StepTensors) -> torch.Tensor:
+    def forward_step(self, shape: StepShape, step: StepTensors) -> torch.Tensor:
+        """The model on one uploaded step, then row normalisation: float32 [shape.num_seqs, output_dim]."""
         ctx = self.selector.choose(
             AttentionContext(
                 cu_seqlens=step.cu_seqlens,
@@ -172,9 +188,9 @@ class Engine:
             pack_batch(batch, shape, packed, self.model.uses_token_types)
             with torch.inference_mode():
                 tensors = unpack(torch.from_numpy(packed).to(self.device), shape)
-                return self._forward(shape, tensors)[: batch.num_seqs].cpu().numpy()
+                return self.forward_step(shape, tensors)[: batch.num_seqs].cpu().numpy()
         with torch.inference_mode(), torch.cuda.stream(self.stream):
-            out = self._forward(shape, self._upload(batch, shape))[: batch.num_seqs].cpu()
+            out = self.forward_step(shape, self.upload(batch, shape))[: batch.num_seqs].cpu()
         return out.numpy()
 
     def _validate(self, batch: Batch) -> None:

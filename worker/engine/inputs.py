@@ -60,6 +60,7 @@ def pack_batch(batch: Batch, shape: StepShape, out: np.ndarray, use_token_types:
     ids[t:] = 0
     seq_ids[:] = np.repeat(np.arange(rows, dtype=np.int32), lens)
     pos[:] = np.arange(tokens, dtype=np.int64) - cu[:-1][seq_ids]
+    pos[t:] = 0  # padding tokens all sit at position 0: no row may reach past the model's position table
     if batch.token_type_ids is None or not use_token_types:
         types[:] = 0
     else:

@@ -7,7 +7,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -91,8 +91,11 @@ def _graph_time_ms(engine: Engine, batch: Batch) -> float:
     """Replay time of one step in a throw-away CUDA graph, after an eager warm-up."""
     shape = plan_shape(batch.seq_lens, engine.info.max_batch_tokens, engine.info.graph_max_seqs or 1 << 30)
     with torch.inference_mode(), torch.cuda.stream(engine.stream):
-        tensors = engine._upload(batch, shape)
-        forward: Callable[[], torch.Tensor] = lambda: engine._forward(shape, tensors)  # noqa: E731
+        tensors = engine.upload(batch, shape)
+
+        def forward() -> torch.Tensor:
+            return engine.forward_step(shape, tensors)
+
         forward()
         return time_with_graph(forward)
 
@@ -107,7 +110,8 @@ def choose_fusion(engine: Engine, mode: str) -> dict[str, Any]:
     reference = engine.run_eager(check)
     try:
         engine.model.ops = compiled_ops()
-        for tokens, seq_len in ((64, 64), (192, 96), (1024, 512)):  # two shapes make the token dim dynamic
+        # Compile now, not while serving: one row (a size-1 dimension is its own specialisation) and several.
+        for tokens, seq_len in ((64, 64), (192, 96), (1024, 512)):
             engine.run_eager(_probe(engine, tokens, seq_len))
         fused = engine.run_eager(check)
     except Exception as exc:  # noqa: BLE001 - any compiler failure: run unfused
@@ -147,7 +151,9 @@ def size_memory(engine: Engine, fraction: float) -> None:
     figures.total_bytes = torch.cuda.get_device_properties(dev).total_memory
     figures.budget_bytes = int(figures.total_bytes * fraction)
     probe_tokens = min(engine.info.max_batch_tokens, 4096)
-    peak = peak_bytes_of(lambda: engine.run_eager(_probe(engine, probe_tokens, 512)), dev)
+    probe = _probe(engine, probe_tokens, 512)
+    engine.run_eager(probe)  # first run measures attention backends; keep their buffers out of the peak
+    peak = peak_bytes_of(lambda: engine.run_eager(probe), dev)
     figures.bytes_per_token = math.ceil(peak / probe_tokens)
     tokens = tokens_within_budget(figures, engine.info.max_batch_tokens)
     if tokens < engine.info.max_batch_tokens:
@@ -157,6 +163,7 @@ def size_memory(engine: Engine, fraction: float) -> None:
         )
         engine.set_graph_limits(tokens, engine.info.max_batch_seqs)
     largest = _probe(engine, engine.info.max_batch_tokens, 512)
+    engine.run_eager(largest)
     figures.activation_peak_bytes = peak_bytes_of(lambda: engine.run_eager(largest), dev)
     engine.info.activation_peak_bytes = figures.activation_peak_bytes
     engine.info.gpu_total_bytes = figures.total_bytes

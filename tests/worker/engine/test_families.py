@@ -71,3 +71,17 @@ def test_ragged_equals_one_at_a_time_and_bucket_padding(family_checkpoint: tuple
     # The padded layout a CUDA graph bucket uses (dummy padding row, empty rows) gives the same rows.
     padded = engine.run_eager(_batch(sequences, types, normalize), bucketed=True)
     np.testing.assert_allclose(padded, together, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["qwen3_causal_last", "bert_cls"])
+def test_long_padding_stays_inside_the_position_table(name: str, tmp_path: Path) -> None:
+    """Above 1024 tokens buckets grow by 256: the padding row is longer than this model's 128 positions."""
+    family = next(f for f in FAMILIES if f.name == name)
+    path, _ = write_family(family, tmp_path)
+    engine = load_engine(path)
+    rng = np.random.default_rng(5)
+    sequences = [rng.integers(4, VOCAB, size=n, dtype=np.int32) for n in [120] * 8 + [70]]
+    types = [np.zeros(len(s), dtype=np.int32) for s in sequences]
+    batch = _batch(sequences, types, [True] * len(sequences))
+    assert batch.num_tokens == 1030  # bucket 1280: 250 padding tokens
+    np.testing.assert_allclose(engine.run_eager(batch, bucketed=True), engine.run_eager(batch), atol=2e-5, rtol=1e-5)

@@ -156,3 +156,16 @@ def run_pipeline(engine: Engine, steps: int, seed: int = 7) -> tuple[int, int, i
             wrong, caught = check(*in_flight.popleft())
             failures, identifiable = failures + wrong, identifiable + caught
     return total, failures, identifiable
+
+
+def test_batches_above_the_largest_bucket_run_eagerly(tmp_path: Path) -> None:
+    family = next(f for f in FAMILIES if f.name == "bert_mean")
+    path, _ = write_family(family, tmp_path)
+    engine = load_engine(path, device="cuda", max_batch_tokens=1000, max_batch_seqs=16)
+    rng = np.random.default_rng(11)
+    sequences = [rng.integers(4, 90, size=n, dtype=np.int32) for n in [110] * 9]  # 990 tokens: bucket 1024
+    batch = _batch(sequences, [True] * 9)
+    rows = [engine.step(batch).wait() for _ in range(3)]
+    stats = engine.stats()
+    assert stats["eager_steps"] == 3 and stats["graphs"] == 0, stats
+    np.testing.assert_allclose(rows[0], engine.run_eager(batch), rtol=1e-3, atol=1e-3)

@@ -2,8 +2,9 @@
 
 At start-up every backend that imports is checked against a float32 reference on a small ragged and a
 small dense problem; those that fail are dropped. The first time a step shape is seen (the eager
-warm-up of its CUDA graph bucket) each backend that supports it is timed with CUDA events on random
-inputs of that shape and the fastest is remembered, so a captured graph holds the winner.
+warm-up of its CUDA graph bucket) each backend that supports it is timed on random inputs of that shape,
+inside a CUDA graph so that only GPU time counts (as it will when replayed), and the fastest is
+remembered, so the captured graph holds the winner.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ ShapeKey = tuple[int, int, int, int]
 _VERIFY_TOLERANCE = 2e-2  # relative L2 error; bf16 attention lands near 4e-3
 _TIMING_WARMUP = 2
 _TIMING_CALLS = 10
+_TIMING_REPLAYS = 3
 
 
 def _cu_seqlens(lens: list[int], device: torch.device) -> torch.Tensor:
@@ -55,11 +57,32 @@ def context_for_lens(
 
 
 def _random_qkv(ctx: AttentionContext, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Random q, k, v laid out as the models produce them: views into one fused projection output."""
     spec, device = ctx.spec, ctx.cu_seqlens.device
-    q = torch.randn(ctx.num_tokens, spec.num_heads, spec.head_dim, device=device, dtype=dtype)
-    k = torch.randn(ctx.num_tokens, spec.num_kv_heads, spec.head_dim, device=device, dtype=dtype)
-    v = torch.randn(ctx.num_tokens, spec.num_kv_heads, spec.head_dim, device=device, dtype=dtype)
-    return q, k, v
+    widths = [spec.num_heads * spec.head_dim] + [spec.num_kv_heads * spec.head_dim] * 2
+    fused = torch.randn(ctx.num_tokens, sum(widths), device=device, dtype=dtype)
+    heads = (spec.num_heads, spec.num_kv_heads, spec.num_kv_heads)
+    return tuple(
+        part.view(ctx.num_tokens, h, spec.head_dim) for part, h in zip(fused.split(widths, dim=-1), heads)
+    )
+
+
+def _graph_time_ms(backend: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> float:
+    """GPU time of one call, from replays of a CUDA graph of several calls (no launch overhead)."""
+    for _ in range(_TIMING_WARMUP):
+        backend(q, k, v, ctx)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for _ in range(_TIMING_CALLS):
+            backend(q, k, v, ctx)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(_TIMING_REPLAYS):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / (_TIMING_REPLAYS * _TIMING_CALLS)
 
 
 class AttentionSelector:
@@ -123,20 +146,13 @@ class AttentionSelector:
         q, k, v = _random_qkv(ctx, self.dtype)
         times: dict[str, float] = {}
         for backend in candidates:
-            trial = dataclasses.replace(ctx, backend=backend)
             try:
-                for _ in range(_TIMING_WARMUP):
-                    backend(q, k, v, trial)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(_TIMING_CALLS):
-                    backend(q, k, v, trial)
-                end.record()
-                end.synchronize()
-                times[backend.name] = start.elapsed_time(end) / _TIMING_CALLS
-            except Exception as exc:  # noqa: BLE001 - a backend that fails on a shape is skipped for it
+                times[backend.name] = _graph_time_ms(backend, q, k, v, dataclasses.replace(ctx, backend=backend))
+            except Exception as exc:  # noqa: BLE001 - a backend that fails (or cannot be captured) here is skipped
                 log.debug("attention backend %s failed at %s: %s", backend.name, key, exc)
         self.timings_ms[key] = times
+        if not times:
+            return next(b for b in candidates if isinstance(b, PaddedSdpa))
         best = min(times, key=times.__getitem__)
         log.debug("attention at %s: %s -> %s", key, times, best)
         return next(b for b in candidates if b.name == best)

@@ -39,8 +39,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def qk_norm_rope(
     qkv: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
+    qk_weight: torch.Tensor,
     cos_table: torch.Tensor,
     sin_table: torch.Tensor,
     positions: torch.Tensor,
@@ -48,15 +47,21 @@ def qk_norm_rope(
     num_kv_heads: int,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Split Qwen3's fused qkv [T, (H + 2 Hkv) D], RMS-normalise q and k per head, rotate them."""
+    """Split Qwen3's fused qkv [T, (H + 2 Hkv) D], RMS-normalise q and k per head, rotate them.
+
+    q and k heads are normalised and rotated together as one [T, H + Hkv, D] block (qk_weight holds the
+    q-norm weight for the first H heads and the k-norm weight for the rest), so that this is one kernel.
+    q and k come back as views of that block, v as a view of qkv.
+    """
     tokens = qkv.shape[0]
-    head_dim = q_weight.shape[0]
-    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    head_dim = qk_weight.shape[1]
+    qk_width = (num_heads + num_kv_heads) * head_dim
+    qk = qkv[:, :qk_width].view(tokens, num_heads + num_kv_heads, head_dim)
     cos = cos_table[positions].unsqueeze(1)
     sin = sin_table[positions].unsqueeze(1)
-    q = _rotate(rms_norm(q.view(tokens, num_heads, head_dim), q_weight, eps), cos, sin)
-    k = _rotate(rms_norm(k.view(tokens, num_kv_heads, head_dim), k_weight, eps), cos, sin)
-    return q, k, v.reshape(tokens, num_kv_heads, head_dim)
+    qk = _rotate(rms_norm(qk, qk_weight, eps), cos, sin)
+    v = qkv[:, qk_width:].view(tokens, num_kv_heads, head_dim)
+    return qk[:, :num_heads], qk[:, num_heads:], v
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -122,18 +127,50 @@ _UNITS = {
     "embed_layer_norm": embed_layer_norm,
 }
 
+# Arguments whose first dimension is the step's token (or row) count: the only dynamic dimension.
+_TOKEN_ARGS = {
+    "rms_norm": (0,),
+    "add_rms_norm": (0, 1),
+    "qk_norm_rope": (0, 4),
+    "silu_mul": (0,),
+    "activation": (0,),
+    "add_layer_norm": (0, 1),
+    "embed_layer_norm": (0, 1, 2),
+}
+
+
+class _TokenDynamic:
+    """A compiled unit whose token dimension is dynamic and every other size (weights, heads) static.
+
+    Marking the token dimension before each (eager) call gives one kernel for all token counts, while
+    weights and head counts stay compile-time constants; two models in one process get separate
+    specialisations instead of one kernel made dynamic in everything.
+    """
+
+    def __init__(self, fn: Callable[..., object], token_args: tuple[int, ...]) -> None:
+        self._compiled = torch.compile(fn, fullgraph=True)
+        self._token_args = token_args
+
+    def __call__(self, *args: object) -> object:
+        for index in self._token_args:
+            torch._dynamo.maybe_mark_dynamic(args[index], 0)
+        return self._compiled(*args)
+
 
 def plain_ops() -> ElementwiseOps:
     return ElementwiseOps(mode="none", **_UNITS)
 
 
 def compiled_ops() -> ElementwiseOps:
-    """torch.compile each unit; shapes become dynamic after the first recompile (automatic dynamic)."""
+    """torch.compile each unit with a dynamic token dimension (see _TokenDynamic)."""
     import torch._dynamo
 
     config = torch._dynamo.config
+    # Sizes not marked dynamic stay static: no "automatic dynamic" recompiles that would make weight
+    # shapes symbolic when a second model (tests, benchmarks) calls the same unit. Process-wide.
+    config.automatic_dynamic_shapes = False
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(config, name):
             setattr(config, name, max(getattr(config, name), 64))
-    compiled = {name: torch.compile(fn, fullgraph=True) for name, fn in _UNITS.items()}
-    return ElementwiseOps(mode="compile", **compiled)
+    compiled = {name: _TokenDynamic(fn, _TOKEN_ARGS[name]) for name, fn in _UNITS.items()}
+    return ElementwiseOps(mode="compile", **compiled)  # type: ignore[arg-type]

@@ -26,8 +26,7 @@ class DecoderLayer:
     input_norm: torch.Tensor
     qkv_weight: torch.Tensor
     qkv_bias: torch.Tensor | None
-    q_norm: torch.Tensor
-    k_norm: torch.Tensor
+    qk_norm: torch.Tensor  # [H + Hkv, D]: q_norm's weight for each q head, then k_norm's for each kv head
     o_weight: torch.Tensor
     o_bias: torch.Tensor | None
     post_attention_norm: torch.Tensor
@@ -35,16 +34,17 @@ class DecoderLayer:
     down_weight: torch.Tensor
 
     @classmethod
-    def load(cls, weights: Weights, prefix: str) -> DecoderLayer:
+    def load(cls, weights: Weights, prefix: str, spec: AttentionSpec) -> DecoderLayer:
         attn = f"{prefix}.self_attn"
+        q_norm, k_norm = weights.take(f"{attn}.q_norm.weight"), weights.take(f"{attn}.k_norm.weight")
+        qk_norm = torch.cat([q_norm.expand(spec.num_heads, -1), k_norm.expand(spec.num_kv_heads, -1)])
         qkv = [f"{attn}.{name}_proj" for name in "qkv"]
         has_bias = f"{qkv[0]}.bias" in weights
         return cls(
             input_norm=weights.take(f"{prefix}.input_layernorm.weight"),
             qkv_weight=weights.take_cat([f"{n}.weight" for n in qkv]),
             qkv_bias=weights.take_cat([f"{n}.bias" for n in qkv]) if has_bias else None,
-            q_norm=weights.take(f"{attn}.q_norm.weight"),
-            k_norm=weights.take(f"{attn}.k_norm.weight"),
+            qk_norm=qk_norm.contiguous(),
             o_weight=weights.take(f"{attn}.o_proj.weight"),
             o_bias=weights.take_optional(f"{attn}.o_proj.bias"),
             post_attention_norm=weights.take(f"{prefix}.post_attention_layernorm.weight"),
@@ -69,7 +69,9 @@ class Qwen3:
         self.uses_token_types = False
 
         self.embed_table = weights.take("embed_tokens.weight")
-        self.layers = [DecoderLayer.load(weights, f"layers.{i}") for i in range(int(config["num_hidden_layers"]))]
+        self.layers = [
+            DecoderLayer.load(weights, f"layers.{i}", self.attention_spec) for i in range(int(config["num_hidden_layers"]))
+        ]
         self.final_norm = weights.take("norm.weight")
         max_positions = int(config.get("max_position_embeddings", 32768))
         self.cos_table, self.sin_table = rotary_tables(head_dim, max_positions, rope_theta(config), weights.device)
@@ -101,7 +103,7 @@ class Qwen3:
         for i, layer in enumerate(self.layers):
             qkv = F.linear(hidden, layer.qkv_weight, layer.qkv_bias)
             q, k, v = ops.qk_norm_rope(
-                qkv, layer.q_norm, layer.k_norm, self.cos_table, self.sin_table, step.positions,
+                qkv, layer.qk_norm, self.cos_table, self.sin_table, step.positions,
                 spec.num_heads, spec.num_kv_heads, self.eps,
             )
             context = attention(q, k, v, attn).reshape(tokens, spec.num_heads * spec.head_dim)
