@@ -9,6 +9,7 @@ config_sentence_transformers.json). This module turns them into one ModelInfo.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,18 @@ EXIT_MODEL_ERROR = 78
 KIND_EMBEDDING = "embedding"
 KIND_CLASSIFIER = "classifier"
 KIND_RERANKER = "reranker"
+
+# Encoders whose checkpoints carry token types (segment A / B of a pair); RoBERTa's family takes none.
+TOKEN_TYPE_MODEL_TYPES = {"bert"}
+
+# The sentence-transformers module pplx-embed ends in (st_quantize.FlexibleQuantizer): its int8 output
+# is round(127 * tanh(x)) and its binary output the sign bits of x.
+TANH_QUANTIZER_MODULE = "FlexibleQuantizer"
+QUANTIZER_TANH = "tanh"
+
+# Qwen3-Embedding's query format; a "query" prompt of the form "Instruct: <task>\nQuery:" declares it.
+QWEN3_INSTRUCTION_TEMPLATE = "Instruct: {instruction}\nQuery:"
+_INSTRUCTION_PROMPT = re.compile(r"Instruct: .*\n(Query: ?)", re.DOTALL)
 
 
 def tasks_for_kind(kind: str) -> list[str]:
@@ -53,6 +66,8 @@ class ModelInfo:
     id2label: dict[int, str] = field(default_factory=dict)
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    quantizer: str | None = None  # QUANTIZER_TANH when the model emits int8 / binary embeddings
+    instruction_template: str | None = None  # "...{instruction}...", the input text appended to it
     config: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -63,6 +78,11 @@ class ModelInfo:
     @property
     def tokenizer_path(self) -> Path:
         return self.path / "tokenizer.json"
+
+    @property
+    def uses_token_types(self) -> bool:
+        """Whether the network reads token_type_ids (BERT pairs); RoBERTa-family ones ignore them."""
+        return self.model_type in TOKEN_TYPE_MODEL_TYPES
 
 
 def default_model_dir() -> Path:
@@ -99,6 +119,28 @@ def _pooling_from_st(path: Path, modules: list[dict[str, Any]]) -> str | None:
             if cfg.get("pooling_mode_mean_tokens"):
                 return "mean"
             raise ModelError(f"unsupported pooling mode in {module.get('path')}/config.json: {cfg}")
+    return None
+
+
+def _quantizer_from_st(modules: list[dict[str, Any]]) -> str | None:
+    for module in modules:
+        if str(module.get("type", "")).rsplit(".", 1)[-1] == TANH_QUANTIZER_MODULE:
+            return QUANTIZER_TANH
+    return None
+
+
+def _instruction_template(prompts: dict[str, str], model_type: str, kind: str, pooling: str) -> str | None:
+    """How a task instruction is put before a query, when the model takes one.
+
+    A prompt "Instruct: <task>\nQuery:" (Qwen3-Embedding's, E5-instruct's with a space) gives the
+    format; a Qwen3 last-token embedder without such a prompt gets Qwen3-Embedding's own.
+    """
+    for prompt in prompts.values():
+        match = _INSTRUCTION_PROMPT.fullmatch(prompt)
+        if match:
+            return "Instruct: {instruction}\n" + match.group(1)
+    if kind == KIND_EMBEDDING and model_type in DECODER_TYPES and pooling == "lasttoken":
+        return QWEN3_INSTRUCTION_TEMPLATE
     return None
 
 
@@ -183,6 +225,8 @@ def load_model_info(path: str | Path, name: str | None = None) -> ModelInfo:
         id2label=id2label,
         prompts=prompts,
         default_prompt_name=default_prompt_name,
+        quantizer=_quantizer_from_st(modules) if kind == KIND_EMBEDDING else None,
+        instruction_template=_instruction_template(prompts, model_type, kind, pooling),
         config=config,
     )
 

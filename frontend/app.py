@@ -19,11 +19,12 @@ from starlette.routing import Route
 
 from common.config import FrontendSettings
 from common.model_info import default_model_dir, load_model_info
+from common.security import client_from
 from frontend.broker_client import BrokerClient
 from frontend.errors import APIError, render
 from frontend.http import endpoint, json_response
 from frontend.openapi import build_openapi
-from frontend import routes_embed, routes_meta
+from frontend import routes_embed, routes_meta, routes_score
 from frontend.service import Service
 
 log = logging.getLogger("quiver.frontend")
@@ -42,7 +43,8 @@ def metrics_registry() -> CollectorRegistry:
 
 def create_app(settings: FrontendSettings) -> Starlette:
     info = load_model_info(settings.model or default_model_dir(), name=settings.served_model_name or None)
-    client = BrokerClient(settings.broker, settings.heartbeat_interval_s, settings.liveness)
+    client = BrokerClient(settings.broker, settings.heartbeat_interval_s, settings.liveness,
+                          curve=client_from(settings.curve_secret_key, settings.curve_broker_key))
     service = Service(settings, info, client)
     key = settings.api_key
 
@@ -50,6 +52,10 @@ def create_app(settings: FrontendSettings) -> Starlette:
     for factory, openai_style, public in (
         (routes_embed.openai_embeddings, True, False),
         (routes_embed.tei_embed, False, False),
+        (routes_score.tei_rerank, False, False),
+        (routes_score.cohere_rerank, True, False),
+        (routes_score.vllm_score, True, False),
+        (routes_score.tei_predict, False, False),
         (routes_meta.tokenize, False, False),
         (routes_meta.info, False, False),
         (routes_meta.health, False, True),

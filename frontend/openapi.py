@@ -15,6 +15,14 @@ ROUTES: dict[str, tuple[str, str, type[BaseModel] | None, Any, type[BaseModel]]]
                        schemas.EmbeddingResponse, schemas.OpenAIError),
     "/embed": ("post", "Embed inputs (Text Embeddings Inference-compatible)", schemas.EmbedRequest,
                schemas.EMBED_RESPONSE_SCHEMA, schemas.TEIError),
+    "/rerank": ("post", "Rank texts against a query (Text Embeddings Inference-compatible)", schemas.RerankRequest,
+                schemas.RERANK_RESPONSE_SCHEMA, schemas.TEIError),
+    "/v1/rerank": ("post", "Rank documents against a query (Cohere / Jina-compatible)", schemas.CohereRerankRequest,
+                   schemas.CohereRerankResponse, schemas.OpenAIError),
+    "/score": ("post", "Score text pairs 1:1, 1:N or N:N (vLLM-compatible)", schemas.ScoreRequest,
+               schemas.ScoreResponse, schemas.OpenAIError),
+    "/predict": ("post", "Classify texts or pairs (Text Embeddings Inference-compatible)", schemas.PredictRequest,
+                 schemas.PREDICT_RESPONSE_SCHEMA, schemas.TEIError),
     "/tokenize": ("post", "Tokenize inputs", schemas.TokenizeRequest, schemas.TOKENIZE_RESPONSE_SCHEMA,
                   schemas.TEIError),
     "/info": ("get", "Model and server facts", None, schemas.Info, schemas.TEIError),
@@ -25,7 +33,8 @@ ROUTES: dict[str, tuple[str, str, type[BaseModel] | None, Any, type[BaseModel]]]
 }
 
 ERROR_STATUSES = {
-    "400": "malformed request", "401": "missing or wrong API key", "413": "body or batch too large",
+    "400": "malformed request, or a route that does not fit the model's kind", "401": "missing or wrong API key",
+    "413": "body or batch too large",
     "422": "invalid input", "429": "overloaded; retry after the Retry-After header's seconds",
     "500": "internal error", "503": "no worker is live", "504": "the request's deadline passed",
 }
@@ -47,7 +56,8 @@ def _schema(spec: Any, components: dict[str, Any]) -> dict[str, Any]:
 
 def build_openapi(extra_routes: dict[str, tuple] | None = None) -> dict[str, Any]:
     components: dict[str, Any] = {}
-    _ref(schemas.SimpleToken, components)
+    for referenced in (schemas.SimpleToken, schemas.Rank, schemas.Prediction):
+        _ref(referenced, components)
     paths: dict[str, Any] = {}
     for path, (method, summary, request, response, error) in {**ROUTES, **(extra_routes or {})}.items():
         media = "text/plain" if path == "/metrics" else "application/json"

@@ -6,9 +6,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
 
+from common.model_info import KIND_EMBEDDING
 from common.version import __version__
 from frontend.errors import APIError
 from frontend.http import json_response, parse, read_json
+from frontend.quantize import formats_for
 from frontend.schemas import TokenizeRequest
 from frontend.service import Service
 
@@ -40,6 +42,9 @@ def info(service: Service):
             "normalize": model.normalize,
             "prompts": model.prompts,
             "default_prompt_name": model.default_prompt_name,
+            "instruction_template": model.instruction_template,
+            "encoding_formats": list(formats_for(model.quantizer)) if model.kind == KIND_EMBEDDING else [],
+            "labels": {str(i): label for i, label in model.id2label.items()} or None,
             "limits": {
                 "max_body_bytes": settings.max_body_bytes,
                 "max_inputs": settings.max_inputs,
@@ -67,7 +72,7 @@ def tokenize(service: Service):
         texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
         service.check_count(len(texts), "inputs")
         service.check_texts(texts, "inputs")
-        prompt = service.prompt_for(req.prompt_name)
-        return json_response(service.tokenizer.tokens([prompt + t for t in texts], req.add_special_tokens))
+        prefix = service.input_prefix(req.prompt_name, req.instruction)
+        return json_response(service.tokenizer.tokens([prefix + t for t in texts], req.add_special_tokens))
 
     return "/tokenize", handler

@@ -13,6 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 TokenIds = list[StrictInt]
 Inputs = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
 Direction = Literal["left", "right", "Left", "Right"]
+EncodingFormat = Literal["float", "base64", "int8", "binary", "ubinary"]
+
+INSTRUCTION_HELP = ("a task instruction, written in the model's instruction format before each input "
+                    "(Qwen3-Embedding: 'Instruct: {instruction}\\nQuery:{input}'); not with prompt_name")
+RERANK_INSTRUCTION_HELP = "Qwen3-Reranker only: the <Instruct> of its prompt (default: web search)"
+TRUNCATE_HELP = "truncate over-long inputs instead of answering 422 (default: the server's --auto-truncate)"
 
 
 class Request(BaseModel):
@@ -25,17 +31,24 @@ class EmbeddingRequest(Request):
 
     input: Inputs = Field(description="a string, a list of strings, a list of token ids or a list of such lists")
     model: str | None = Field(None, description="accepted for compatibility; the server runs one model")
-    encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32")
+    encoding_format: EncodingFormat = Field(
+        "float",
+        description="float; base64: little-endian float32; for models that emit quantized embeddings "
+                    "(pplx-embed) also int8: round(127 tanh x), ubinary: sign bits packed into bytes "
+                    "(first dimension in the high bit), binary: those bytes minus 128",
+    )
     dimensions: StrictInt | None = Field(None, description="Matryoshka: keep the first N dimensions, renormalised")
     user: str | None = Field(None, description="accepted for compatibility; not used")
-    truncate: bool | None = Field(None, description="truncate over-long inputs instead of answering 422")
+    truncate: bool | None = Field(None, description=TRUNCATE_HELP)
     truncation_direction: Direction = "right"
+    prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
+    instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
 
 
 class EmbeddingData(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: list[float] | str
+    embedding: list[float] | list[int] | str
 
 
 class Usage(BaseModel):
@@ -70,7 +83,44 @@ class EmbedRequest(Request):
     truncate: bool | None = Field(None, description="default: the server's --auto-truncate")
     truncation_direction: Direction = "right"
     prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
+    instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
     dimensions: StrictInt | None = None
+
+
+class RerankRequest(Request):
+    """POST /rerank, as Text Embeddings Inference."""
+
+    query: StrictStr
+    texts: list[StrictStr]
+    truncate: bool | None = Field(None, description=TRUNCATE_HELP)
+    truncation_direction: Direction = "right"
+    raw_scores: bool = Field(False, description="the model's logits instead of their sigmoid")
+    return_text: bool = False
+    instruction: StrictStr | None = Field(None, description=RERANK_INSTRUCTION_HELP)
+
+
+class Rank(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+class PredictRequest(Request):
+    """POST /predict, as Text Embeddings Inference: a text, a pair [a, b], or a list of those.
+
+    A list of exactly two strings is one pair, as in Text Embeddings Inference; send [[a], [b]] or
+    three or more strings for a batch of single texts.
+    """
+
+    inputs: Union[StrictStr, list[Union[StrictStr, list[StrictStr]]]]
+    truncate: bool | None = Field(None, description=TRUNCATE_HELP)
+    truncation_direction: Direction = "right"
+    raw_scores: bool = Field(False, description="logits instead of softmax (sigmoid for one label)")
+
+
+class Prediction(BaseModel):
+    score: float
+    label: str
 
 
 class TokenizeRequest(Request):
@@ -79,6 +129,7 @@ class TokenizeRequest(Request):
     inputs: Union[StrictStr, list[StrictStr]]
     add_special_tokens: bool = True
     prompt_name: str | None = None
+    instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
 
 
 class SimpleToken(BaseModel):
@@ -94,6 +145,73 @@ class TEIError(BaseModel):
     error_type: str
 
 
+# Cohere / Jina ----------------------------------------------------------------------------------
+class RerankDocument(Request):
+    text: StrictStr
+
+
+class CohereRerankRequest(Request):
+    """POST /v1/rerank, as Cohere's and Jina's rerank APIs."""
+
+    query: StrictStr
+    documents: list[Union[StrictStr, RerankDocument]]
+    model: str | None = Field(None, description="accepted for compatibility; the server runs one model")
+    top_n: StrictInt | None = Field(None, ge=0, description="keep the N best results (0 or absent: all)")
+    return_documents: bool = False
+    truncate: bool | None = Field(None, description=TRUNCATE_HELP)
+    instruction: StrictStr | None = Field(None, description=RERANK_INSTRUCTION_HELP)
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int
+
+
+class CohereRerankResponse(BaseModel):
+    id: str
+    model: str
+    results: list[RerankResult]
+    usage: RerankUsage
+
+
+# vLLM -------------------------------------------------------------------------------------------
+class ScoreRequest(Request):
+    """POST /score, as vLLM's score API: 1:1, 1:N (one text_1) or N:N (zipped) pairs."""
+
+    text_1: Union[StrictStr, list[StrictStr]]
+    text_2: Union[StrictStr, list[StrictStr]]
+    model: str | None = Field(None, description="accepted for compatibility; the server runs one model")
+    truncate: bool | None = Field(None, description=TRUNCATE_HELP)
+    raw_scores: bool = Field(False, description="the model's logits instead of their sigmoid")
+    instruction: StrictStr | None = Field(None, description=RERANK_INSTRUCTION_HELP)
+
+
+class ScoreData(BaseModel):
+    index: int
+    object: Literal["score"] = "score"
+    score: float
+
+
+class ScoreUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int = 0
+
+
+class ScoreResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: ScoreUsage
+
+
 class Info(BaseModel):
     model_id: str
     model_type: str
@@ -105,9 +223,15 @@ class Info(BaseModel):
     normalize: bool
     prompts: dict[str, str]
     default_prompt_name: str | None
+    instruction_template: str | None
+    encoding_formats: list[str]
+    labels: dict[str, str] | None
     limits: dict[str, float]
     version: str
 
 
 EMBED_RESPONSE_SCHEMA = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
+RERANK_RESPONSE_SCHEMA = {"type": "array", "items": {"$ref": "#/components/schemas/Rank"}}
+_PREDICTIONS = {"type": "array", "items": {"$ref": "#/components/schemas/Prediction"}}
+PREDICT_RESPONSE_SCHEMA = {"oneOf": [_PREDICTIONS, {"type": "array", "items": _PREDICTIONS}]}
 TOKENIZE_RESPONSE_SCHEMA = {"type": "array", "items": {"type": "array", "items": {"$ref": "#/components/schemas/SimpleToken"}}}

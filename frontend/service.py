@@ -1,7 +1,9 @@
 """What the routes share: the model's facts, the tokenizer, the pipeline to the workers.
 
 Routes parse their API's request format, call one of these methods with plain arguments, and
-write the answer in their API's response format.
+write the answer in their API's response format. A server runs one model: embed() needs an
+embedding model, score() a scorer (a cross-encoder with one label, or a reranker), classify() a
+classifier; any other pairing is refused with reason "wrong_model_kind".
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.config import FrontendSettings
-from common.model_info import KIND_EMBEDDING, ModelInfo
-from common.protocol import TASK_EMBED
+from common.model_info import KIND_CLASSIFIER, KIND_EMBEDDING, KIND_RERANKER, ModelInfo
+from common.protocol import TASK_CLASSIFY, TASK_EMBED, TASK_SCORE
 from frontend import metrics
 from frontend.broker_client import BrokerClient
 from frontend.errors import APIError
 from frontend.pipeline import Pipeline, Timings
-from frontend.tokenization import Sequences, TextTokenizer
+from frontend.quantize import formats_for
+from frontend.scores import sigmoid, softmax
+from frontend.templates import DEFAULT_RERANK_INSTRUCTION, QWEN3_RERANKER, with_instruction
+from frontend.tokenization import Sequences, TextInput, TextTokenizer
 
 
 @dataclass
@@ -26,6 +31,27 @@ class Embeddings:
     rows: np.ndarray  # float32 [num_inputs, dim]
     num_tokens: int
     timings: Timings
+
+
+@dataclass
+class Scores:
+    values: np.ndarray  # float32: [num_pairs] for score(), [num_inputs, num_labels] for classify()
+    num_tokens: int
+    timings: Timings
+
+
+def record_stages(route: str, timings: Timings) -> None:
+    for stage, seconds in (("tokenization", timings.tokenization_s), ("queue", timings.queue_s),
+                           ("inference", timings.inference_s)):
+        metrics.STAGE_SECONDS.labels(route, stage).observe(seconds)
+
+
+def describe(info: ModelInfo) -> str:
+    """The model's kind in words, as error messages name it."""
+    if info.kind == KIND_CLASSIFIER:
+        labels = info.output_dim
+        return f"a classifier model with {labels} label{'s' if labels != 1 else ''}"
+    return f"an {info.kind} model" if info.kind == KIND_EMBEDDING else f"a {info.kind} model"
 
 
 def as_input_list(inputs: object) -> tuple[list[str] | None, list[list[int]] | None]:
@@ -61,6 +87,12 @@ class Service:
         self.client = client
         self.pipeline = Pipeline(client, settings)
 
+    def check_model(self, model: str | None) -> None:
+        """Routes that name a model answer for this server's name (or its directory's) only: 404 else."""
+        if model and model not in (self.model_name, self.info.path.name):
+            raise APIError("not_found", f"the model {model!r} does not exist; this server runs {self.model_name!r}",
+                           param="model")
+
     def check_count(self, count: int, param: str) -> None:
         if count == 0:
             raise APIError("empty_input", f"'{param}' must not be empty", param=param)
@@ -69,9 +101,9 @@ class Service:
                            f"'{param}' holds {count} inputs; at most {self.settings.max_inputs} are allowed in one request",
                            param=param)
 
-    def check_texts(self, texts: list[str], param: str) -> None:
+    def check_texts(self, texts: list[str], param: str, allow_empty: bool = False) -> None:
         for index, text in enumerate(texts):
-            if not text:
+            if not text and not allow_empty:
                 raise APIError("empty_input", f"input {index} is an empty string", param=param)
             if len(text) > self.settings.max_input_chars:
                 raise APIError("body_too_large",
@@ -88,6 +120,16 @@ class Service:
                            param="prompt_name")
         return self.info.prompts[name]
 
+    def input_prefix(self, prompt_name: str | None, instruction: str | None) -> str:
+        """What goes before each text input: the instruction in the model's format, else the prompt."""
+        if instruction is None:
+            return self.prompt_for(prompt_name)
+        if prompt_name is not None:
+            raise APIError("invalid_request", "give either prompt_name or instruction, not both", param="instruction")
+        if self.info.instruction_template is None:
+            raise APIError("invalid_request", f"{self.model_name} takes no instruction", param="instruction")
+        return with_instruction(self.info.instruction_template, instruction, "")
+
     def check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is None:
             return
@@ -96,35 +138,122 @@ class Service:
             raise APIError("invalid_request", f"dimensions must lie in [1, {size}] for this model, got {dimensions}",
                            param="dimensions")
 
+    def check_encoding_format(self, encoding_format: str) -> None:
+        allowed = formats_for(self.info.quantizer)
+        if encoding_format not in allowed:
+            raise APIError("invalid_request",
+                           f"encoding_format {encoding_format!r} is not available for {self.model_name}, which does "
+                           f"not emit quantized embeddings; use one of {', '.join(allowed)}",
+                           param="encoding_format")
+
     def require_kind(self, kind: str, route: str) -> None:
         if self.info.kind != kind:
+            wanted = "an embedding model" if kind == KIND_EMBEDDING else f"a {kind} model"
             raise APIError("wrong_model_kind",
-                           f"{route} needs an {kind} model; this server runs {self.model_name}, a {self.info.kind} model")
+                           f"{route} needs {wanted}; this server runs {self.model_name}, {describe(self.info)}")
+
+    def require_scorer(self, route: str) -> None:
+        """Scoring needs one number per pair: a one-label cross-encoder or a reranker."""
+        one_label = self.info.kind == KIND_CLASSIFIER and self.info.output_dim == 1
+        if not (one_label or self.info.kind == KIND_RERANKER):
+            raise APIError("wrong_model_kind",
+                           f"{route} needs a scoring model (a cross-encoder with one label, or a reranker); "
+                           f"this server runs {self.model_name}, {describe(self.info)}")
+
+    def do_truncate(self, truncate: bool | None) -> bool:
+        return self.settings.auto_truncate if truncate is None else truncate
 
     async def tokenize(self, inputs: object, truncate: bool | None, direction: str, prompt_name: str | None,
-                       param: str, timings: Timings) -> Sequences:
+                       param: str, timings: Timings, instruction: str | None = None) -> Sequences:
         texts, ids = as_input_list(inputs)
         self.check_count(len(texts if texts is not None else ids), param)  # type: ignore[arg-type]
-        do_truncate = self.settings.auto_truncate if truncate is None else truncate
         started = time.monotonic()
         if texts is not None:
             self.check_texts(texts, param)
-            prompt = self.prompt_for(prompt_name)
-            if prompt:
-                texts = [prompt + text for text in texts]
-            seqs = await self.tokenizer.encode(texts, do_truncate, direction)
+            prefix = self.input_prefix(prompt_name, instruction)
+            if prefix:
+                texts = [prefix + text for text in texts]
+            seqs = await self.tokenizer.encode(texts, self.do_truncate(truncate), direction, param)
         else:
-            seqs = self.tokenizer.check_ids(ids, do_truncate, direction)  # type: ignore[arg-type]
+            seqs = self.tokenizer.check_ids(ids, self.do_truncate(truncate), direction, param)  # type: ignore[arg-type]
         timings.tokenization_s = time.monotonic() - started
         return seqs
 
     async def embed(self, inputs: object, *, route: str, truncate: bool | None, direction: str,
-                    prompt_name: str | None, normalize: bool, dimensions: int | None, param: str) -> Embeddings:
+                    prompt_name: str | None, normalize: bool, dimensions: int | None, param: str,
+                    instruction: str | None = None, encoding_format: str = "float") -> Embeddings:
         timings = Timings(started=time.monotonic())
         self.require_kind(KIND_EMBEDDING, route)
         self.check_dimensions(dimensions)
-        seqs = await self.tokenize(inputs, truncate, direction, prompt_name, param, timings)
-        metrics.INPUT_TOKENS.labels(route).observe(seqs.num_tokens)
-        metrics.INPUTS.labels(route).observe(seqs.num_seqs)
+        self.check_encoding_format(encoding_format)
+        seqs = await self.tokenize(inputs, truncate, direction, prompt_name, param, timings, instruction)
+        self._observe(route, seqs)
         rows = await self.pipeline.run(seqs, TASK_EMBED, normalize, timings)
         return Embeddings(matryoshka(rows, dimensions, normalize), seqs.num_tokens, timings)
+
+    async def score(self, query: str | list[str], documents: list[str], *, route: str, truncate: bool | None,
+                    direction: str, raw_scores: bool, instruction: str | None, param: str) -> Scores:
+        """One relevance score per (query, document) pair: one query for all, or one query per document.
+
+        Sigmoid of the model's logit (a probability) unless raw_scores; for a reranker the logit is
+        logit("yes") - logit("no"), so its sigmoid is the probability of "yes" over "no".
+        """
+        timings = Timings(started=time.monotonic())
+        self.require_scorer(route)
+        self.check_count(len(documents), param)
+        queries = [query] * len(documents) if isinstance(query, str) else query
+        self._check_pair_texts(queries, documents, param)
+        started = time.monotonic()
+        seqs = await self._pair_sequences(queries, documents, self.do_truncate(truncate), direction, instruction, param)
+        timings.tokenization_s = time.monotonic() - started
+        self._observe(route, seqs)
+        logits = (await self.pipeline.run(seqs, TASK_SCORE, False, timings))[:, 0]
+        values = logits if raw_scores else sigmoid(logits)
+        return Scores(values, seqs.num_tokens, timings)
+
+    async def classify(self, inputs: list[TextInput], *, route: str, truncate: bool | None, direction: str,
+                       raw_scores: bool, param: str) -> Scores:
+        """Label scores per input (a text, or a pair in the tokenizer's pair template).
+
+        Softmax over the labels, or sigmoid for a one-label head, unless raw_scores.
+        """
+        timings = Timings(started=time.monotonic())
+        self.require_kind(KIND_CLASSIFIER, route)
+        self.check_count(len(inputs), param)
+        self.check_texts([text for item in inputs for text in ((item,) if isinstance(item, str) else item)], param)
+        started = time.monotonic()
+        seqs = await self.tokenizer.encode(inputs, self.do_truncate(truncate), direction, param,
+                                           with_types=self.info.uses_token_types)
+        timings.tokenization_s = time.monotonic() - started
+        self._observe(route, seqs)
+        logits = await self.pipeline.run(seqs, TASK_CLASSIFY, False, timings)
+        if raw_scores:
+            values = logits
+        else:
+            values = sigmoid(logits) if logits.shape[1] == 1 else softmax(logits)
+        return Scores(values, seqs.num_tokens, timings)
+
+    def _check_pair_texts(self, queries: list[str], documents: list[str], param: str) -> None:
+        """Queries must say something; an empty document is scored like any other."""
+        if not all(queries):
+            raise APIError("empty_input", "the query is an empty string", param="query")
+        self.check_texts(queries, "query")
+        self.check_texts(documents, param, allow_empty=True)
+
+    async def _pair_sequences(self, queries: list[str], documents: list[str], truncate: bool, direction: str,
+                              instruction: str | None, param: str) -> Sequences:
+        if self.info.kind == KIND_RERANKER:
+            task = DEFAULT_RERANK_INSTRUCTION if instruction is None else instruction
+            bodies = [QWEN3_RERANKER.body(task, q, d) for q, d in zip(queries, documents)]
+            return await self.tokenizer.encode_prompts(QWEN3_RERANKER.prefix, bodies, QWEN3_RERANKER.suffix,
+                                                       truncate, direction, param)
+        if instruction is not None:
+            raise APIError("invalid_request", f"{self.model_name}, {describe(self.info)}, takes no instruction",
+                           param="instruction")
+        return await self.tokenizer.encode(list(zip(queries, documents)), truncate, direction, param,
+                                           with_types=self.info.uses_token_types)
+
+    @staticmethod
+    def _observe(route: str, seqs: Sequences) -> None:
+        metrics.INPUT_TOKENS.labels(route).observe(seqs.num_tokens)
+        metrics.INPUTS.labels(route).observe(seqs.num_seqs)

@@ -1,14 +1,19 @@
-"""Text and token-id inputs turned into flat int32 sequences, with truncation and limits.
+"""Text, text-pair and token-id inputs turned into flat int32 sequences, with truncation and limits.
 
 Three copies of the model's tokenizer are kept (no truncation, truncation on the right, on the left)
 so that one request's choice never changes another's. Large batches are tokenized on a thread:
 the tokenizers library releases the GIL and parallelises inside encode_batch.
+
+Inputs come in three shapes: single texts (embedders, classifiers), pairs laid out by the tokenizer's
+own pair template with segment ids (cross-encoders: "[CLS] a [SEP] b [SEP]"), and prompts cut into a
+fixed prefix, a body and a fixed suffix (Qwen3-Reranker), where truncation shortens the body only.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Callable, TypeVar, Union
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -18,6 +23,9 @@ from frontend.errors import APIError
 
 # Above this many characters in one call, tokenization leaves the event loop for a thread.
 THREAD_THRESHOLD_CHARS = 4096
+
+TextInput = Union[str, tuple[str, str]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,12 @@ def _normalise_direction(direction: str) -> str:
     return direction.lower()
 
 
+def _cut(ids: list[int] | np.ndarray, limit: int, direction: str) -> list[int] | np.ndarray:
+    """The first (direction right) or last (left) `limit` items."""
+    limit = max(limit, 0)
+    return ids[:limit] if _normalise_direction(direction) == "right" else ids[len(ids) - limit:]
+
+
 class TextTokenizer:
     def __init__(self, info: ModelInfo) -> None:
         self.info = info
@@ -64,52 +78,78 @@ class TextTokenizer:
             tok.no_padding()
             tok.enable_truncation(self.max_length, direction=direction)
             self.truncating[direction] = tok
+        self._fixed: dict[str, list[int]] = {}
+
+    def _fixed_ids(self, text: str) -> list[int]:
+        """Ids of a template's fixed part (no special tokens added), tokenized once."""
+        if text not in self._fixed:
+            self._fixed[text] = self.plain.encode(text, add_special_tokens=False).ids
+        return self._fixed[text]
 
     def _pick(self, truncate: bool, direction: str) -> Tokenizer:
         return self.truncating[_normalise_direction(direction)] if truncate else self.plain
 
-    def encode_sync(self, texts: list[str], truncate: bool, direction: str) -> Sequences:
+    def encode_sync(self, texts: list[TextInput], truncate: bool, direction: str, param: str = "input",
+                    with_types: bool = False) -> Sequences:
+        """Texts, or (a, b) pairs in the tokenizer's pair template; segment ids when with_types."""
         encodings = self._pick(truncate, direction).encode_batch(texts, add_special_tokens=True)
         ids = [e.ids for e in encodings]
-        for index, seq in enumerate(ids):
-            if len(seq) > self.max_length:
-                raise APIError(
-                    "input_too_long",
-                    f"input {index} has {len(seq)} tokens, more than the model's limit of {self.max_length}; "
-                    f"shorten it or set truncate to true",
-                    param="input",
-                )
-            if not seq:
-                raise APIError("empty_input", f"input {index} has no tokens", param="input")
+        self._check_lengths(ids, param)
+        return Sequences.from_lists(ids, [e.type_ids for e in encodings] if with_types else None)
+
+    async def encode(self, texts: list[TextInput], truncate: bool, direction: str, param: str = "input",
+                     with_types: bool = False) -> Sequences:
+        return await _off_loop(_chars(texts), lambda: self.encode_sync(texts, truncate, direction, param, with_types))
+
+    def encode_prompts_sync(self, prefix: str, bodies: list[str], suffix: str, truncate: bool, direction: str,
+                            param: str) -> Sequences:
+        """prefix + body + suffix per body, each part tokenized alone; truncation cuts the body only."""
+        head, tail = self._fixed_ids(prefix), self._fixed_ids(suffix)
+        room = self.max_length - len(head) - len(tail)
+        ids = []
+        for body in self.plain.encode_batch(bodies, add_special_tokens=True):
+            middle = _cut(body.ids, room, direction) if truncate and len(body.ids) > room else body.ids
+            ids.append(head + middle + tail)
+        self._check_lengths(ids, param)
         return Sequences.from_lists(ids)
 
-    async def encode(self, texts: list[str], truncate: bool, direction: str) -> Sequences:
-        if sum(len(t) for t in texts) > THREAD_THRESHOLD_CHARS:
-            return await asyncio.to_thread(self.encode_sync, texts, truncate, direction)
-        return self.encode_sync(texts, truncate, direction)
+    async def encode_prompts(self, prefix: str, bodies: list[str], suffix: str, truncate: bool, direction: str,
+                             param: str) -> Sequences:
+        return await _off_loop(sum(len(b) for b in bodies),
+                               lambda: self.encode_prompts_sync(prefix, bodies, suffix, truncate, direction, param))
 
-    def check_ids(self, seqs: list[list[int]], truncate: bool, direction: str) -> Sequences:
+    def _check_lengths(self, ids: list[list[int]], param: str) -> None:
+        for index, seq in enumerate(ids):
+            if len(seq) > self.max_length:
+                raise self._too_long(index, len(seq), param)
+            if not seq:
+                raise APIError("empty_input", f"input {index} has no tokens", param=param)
+
+    def _too_long(self, index: int, length: int, param: str) -> APIError:
+        return APIError(
+            "input_too_long",
+            f"input {index} has {length} tokens, more than the model's limit of {self.max_length}; "
+            f"shorten it or set truncate to true",
+            param=param,
+        )
+
+    def check_ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> Sequences:
         """Token-id inputs, taken as they are (no special tokens added), checked and truncated."""
         vocab = self.info.vocab_size
         out = []
         for index, seq in enumerate(seqs):
             if not seq:
-                raise APIError("empty_input", f"input {index} is an empty list of token ids", param="input")
+                raise APIError("empty_input", f"input {index} is an empty list of token ids", param=param)
             arr = np.asarray(seq, dtype=np.int64)
             if int(arr.min()) < 0 or int(arr.max()) >= vocab:
                 bad = int(arr[(arr < 0) | (arr >= vocab)][0])
                 raise APIError("token_out_of_vocabulary",
                                f"input {index} holds token id {bad}, outside the vocabulary [0, {vocab})",
-                               param="input")
+                               param=param)
             if len(arr) > self.max_length:
                 if not truncate:
-                    raise APIError(
-                        "input_too_long",
-                        f"input {index} has {len(arr)} tokens, more than the model's limit of {self.max_length}; "
-                        f"shorten it or set truncate to true",
-                        param="input",
-                    )
-                arr = arr[: self.max_length] if _normalise_direction(direction) == "right" else arr[-self.max_length:]
+                    raise self._too_long(index, len(arr), param)
+                arr = _cut(arr, self.max_length, direction)
             out.append(arr.astype(np.int32))
         lens = np.array([len(a) for a in out], dtype=np.int32)
         return Sequences(np.concatenate(out), lens)
@@ -132,3 +172,14 @@ class TextTokenizer:
                 })
             result.append(tokens)
         return result
+
+
+def _chars(texts: list[TextInput]) -> int:
+    return sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in texts)
+
+
+async def _off_loop(chars: int, work: Callable[[], T]) -> T:
+    """Run tokenization work on a thread when it is large enough to stall the event loop."""
+    if chars > THREAD_THRESHOLD_CHARS:
+        return await asyncio.to_thread(work)
+    return work()

@@ -1,0 +1,274 @@
+"""Scoring latency: Quiver over HTTP against Hugging Face transformers in-process, in the same run.
+
+Model: the BGE-reranker-v2-m3 shape, XLM-RoBERTa large (24 layers, 1024 wide, 8194 positions) with a
+one-label classification head, random bf16 weights written at run time (nothing is downloaded), and a
+word-level tokenizer whose words are one token each, with XLM-R's "<s> a </s></s> b </s>" pairs.
+
+Workload: one query of 16 tokens against 5, 25 and 50 documents of 512 tokens each. A Quiver request
+is POST /rerank (tokenize, score, sigmoid, sort); a transformers request tokenizes the pairs, runs one
+padded batch, takes the sigmoid and sorts. Both are timed end to end on the host clock, one request at
+a time, after warm-up (Quiver captures a CUDA graph the second time it sees a shape).
+
+    python -m bench.score_bench OUT.json [--device cuda] [--iters 200] [--url http://HOST:PORT]
+
+Without --url the script starts `quiver serve` on the checkpoint itself (after the transformers runs,
+so that the two never share the GPU), and stops it at the end. With --url, the server must already
+serve the checkpoint this script writes into --ckpt-dir (run once without --url, or start it by hand).
+Prints a Markdown table and writes every figure to OUT.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+
+from bench.engine.checkpoints import xlmr_large_config
+
+DOC_COUNTS = (5, 25, 50)
+DOC_TOKENS = 512
+QUERY_TOKENS = 16
+WORDS = 1000  # tokenizer vocabulary: <s> <pad> </s> <unk>, then w4 .. w999, one token per word
+MODEL_NAME = "bge-reranker-v2-m3-shape"
+
+
+def percentiles(samples_ms: list[float]) -> dict[str, float]:
+    values = np.asarray(samples_ms)
+    stats = {p: round(float(np.percentile(values, q)), 3) for p, q in (("p50", 50), ("p90", 90), ("p99", 99))}
+    return {**stats, "max": round(float(values.max()), 3), "n": len(samples_ms)}
+
+
+# ---- checkpoint -----------------------------------------------------------------------------------
+
+
+def write_tokenizer(path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    words.update({f"w{i}": i for i in range(4, WORDS)})
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    tokenizer.save(str(path / "tokenizer.json"))
+
+
+def build_model(device: str, layers: int) -> Any:
+    """XLMRobertaForSequenceClassification of the BGE-reranker-v2-m3 shape, random weights, bf16."""
+    from transformers import XLMRobertaForSequenceClassification
+
+    overrides: dict[str, Any] = {"num_labels": 1}
+    if layers:
+        overrides["num_hidden_layers"] = layers
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = XLMRobertaForSequenceClassification(xlmr_large_config(**overrides))
+    return model.to(torch.bfloat16).eval()
+
+
+def write_checkpoint(model: Any, root: Path) -> Path:
+    path = root / f"{MODEL_NAME}-{model.config.num_hidden_layers}l"
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path), safe_serialization=True)
+    write_tokenizer(path)
+    return path
+
+
+def workload(count: int, seed: int) -> tuple[str, list[str]]:
+    rng = np.random.default_rng(seed)
+
+    def text(tokens: int) -> str:
+        return " ".join(f"w{i}" for i in rng.integers(4, WORDS, size=tokens))
+
+    return text(QUERY_TOKENS), [text(DOC_TOKENS) for _ in range(count)]
+
+
+# ---- transformers ------------------------------------------------------------------------------------
+
+
+def hf_scores(model: Any, tokenizer: Any, query: str, documents: list[str], device: str) -> list[tuple[int, float]]:
+    enc = tokenizer([query] * len(documents), documents, padding=True, return_tensors="pt").to(device)
+    logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits[:, 0]
+    scores = torch.sigmoid(logits.float()).cpu().numpy()
+    return [(int(i), float(scores[i])) for i in np.argsort(-scores, kind="stable")]
+
+
+def hf_latency(model: Any, tokenizer: Any, count: int, args: argparse.Namespace) -> tuple[list[float], list]:
+    query, documents = workload(count, seed=count)
+    samples: list[float] = []
+    ranked: list = []
+    with torch.inference_mode():
+        for i in range(args.warmup + args.iters):
+            start = time.perf_counter()
+            ranked = hf_scores(model, tokenizer, query, documents, args.device)
+            if i >= args.warmup:
+                samples.append((time.perf_counter() - start) * 1e3)
+    return samples, ranked
+
+
+def run_transformers(model: Any, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"), pad_token="<pad>")
+    latency, scores = {}, {}
+    for count in DOC_COUNTS:
+        samples, ranked = hf_latency(model, tokenizer, count, args)
+        latency[count], scores[count] = percentiles(samples), ranked
+        print(f"transformers, {count} documents: {latency[count]}", flush=True)
+    return {"latency_ms": latency, "ranked": scores}
+
+
+# ---- Quiver ---------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_quiver(path: Path, args: argparse.Namespace, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """`quiver serve` on the checkpoint, on free ports; returns once /health answers 200."""
+    port = free_port()
+    argv = [sys.executable, "-m", "quiver", "serve", "--model", str(path), "--port", str(port),
+            "--device", args.device, "--frontend-endpoint", f"tcp://127.0.0.1:{free_port()}",
+            "--worker-endpoint", f"tcp://127.0.0.1:{free_port()}", *args.serve_args.split()]
+    with open(log_path, "ab") as log:
+        server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + args.startup_timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"quiver serve exited with {server.returncode}; see {log_path}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return server, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    stop_quiver(server)
+    raise RuntimeError(f"quiver serve did not become healthy in {args.startup_timeout_s} s; see {log_path}")
+
+
+def stop_quiver(server: subprocess.Popen) -> None:
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(10)
+
+
+def quiver_latency(client: httpx.Client, url: str, count: int, args: argparse.Namespace) -> tuple[list[float], list]:
+    query, documents = workload(count, seed=count)
+    body = {"query": query, "texts": documents, "truncate": False}
+    samples: list[float] = []
+    ranked: list = []
+    for i in range(args.warmup + args.iters):
+        start = time.perf_counter()
+        response = client.post(url + "/rerank", json=body)
+        elapsed = (time.perf_counter() - start) * 1e3
+        if response.status_code != 200:
+            raise RuntimeError(f"/rerank answered {response.status_code}: {response.text[:500]}")
+        ranked = [(r["index"], r["score"]) for r in response.json()]
+        if i >= args.warmup:
+            samples.append(elapsed)
+    return samples, ranked
+
+
+def run_quiver(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    latency, scores = {}, {}
+    with httpx.Client(timeout=120) as client:
+        info = client.get(url + "/info").json()
+        for count in DOC_COUNTS:
+            samples, ranked = quiver_latency(client, url, count, args)
+            latency[count], scores[count] = percentiles(samples), ranked
+            print(f"quiver, {count} documents: {latency[count]}", flush=True)
+    return {"latency_ms": latency, "ranked": scores, "info": info}
+
+
+# ---- report -----------------------------------------------------------------------------------------------
+
+
+def score_agreement(quiver: dict[str, Any], hf: dict[str, Any]) -> dict[int, float]:
+    """Largest |score difference| per document count (both bf16: expect about 1e-2 at most)."""
+    out = {}
+    for count in DOC_COUNTS:
+        ours, theirs = dict(quiver["ranked"][count]), dict(hf["ranked"][count])
+        out[count] = round(max(abs(ours[i] - theirs[i]) for i in theirs), 5)
+    return out
+
+
+def markdown(results: dict[str, Any]) -> str:
+    header = "| runner | " + " | ".join(f"{n} docs p50 / p90 / p99 / max (ms)" for n in DOC_COUNTS) + " |"
+    lines = [f"{MODEL_NAME}, one query of {QUERY_TOKENS} tokens, documents of {DOC_TOKENS} tokens", "",
+             header, "| --- |" + " --- |" * len(DOC_COUNTS)]
+    for runner in ("quiver", "transformers"):
+        if runner in results:
+            cells = [" / ".join(str(results[runner]["latency_ms"][n][p]) for p in ("p50", "p90", "p99", "max"))
+                     for n in DOC_COUNTS]
+            lines.append(f"| {runner} | " + " | ".join(cells) + " |")
+    if "max_score_difference" in results:
+        lines += ["", f"largest |Quiver - transformers| score: {results['max_score_difference']}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", help="JSON file to write")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--iters", type=int, default=200, help="timed requests per document count and runner")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed requests before them")
+    parser.add_argument("--ckpt-dir", default="/tmp/quiver-bench-ckpts")
+    parser.add_argument("--layers", type=int, default=0, help="override the 24 layers (quick runs only)")
+    parser.add_argument("--url", default="", help="a running Quiver serving --ckpt-dir's checkpoint")
+    parser.add_argument("--serve-args", default="", help="extra `quiver serve` options, e.g. '--workers 1'")
+    parser.add_argument("--startup-timeout-s", type=float, default=600.0)
+    parser.add_argument("--skip-hf", action="store_true")
+    args = parser.parse_args(argv)
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model = build_model(args.device, args.layers)
+    path = write_checkpoint(model, Path(args.ckpt_dir))
+    results: dict[str, Any] = {
+        "model": MODEL_NAME, "checkpoint": str(path), "layers": model.config.num_hidden_layers,
+        "doc_tokens": DOC_TOKENS, "query_tokens": QUERY_TOKENS, "iters": args.iters, "warmup": args.warmup,
+        "env": {"torch": torch.__version__,
+                "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"},
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    if not args.skip_hf:
+        results["transformers"] = run_transformers(model, path, args)
+    del model
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+    server = None
+    url = args.url
+    if not url:
+        server, url = start_quiver(path, args, out.with_suffix(".serve.log"))
+    try:
+        results["quiver"] = run_quiver(url, args)
+    finally:
+        if server is not None:
+            stop_quiver(server)
+    if "transformers" in results:
+        results["max_score_difference"] = score_agreement(results["quiver"], results["transformers"])
+    out.write_text(json.dumps(results, indent=1))
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
