@@ -21,6 +21,7 @@ serve: $(STAMP)
 	$(VENV)/bin/quiver serve $(ARGS)
 
 test: $(STAMP)
+	bash ops/ci/install-tools.sh
 	$(PY) -m pytest -q $(ARGS)
 
 clean:

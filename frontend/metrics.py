@@ -1,22 +1,21 @@
-"""The frontend's Prometheus metrics, recorded where each event happens."""
+"""The frontend's Prometheus metrics, recorded where each event happens (common.metrics.CONTRACT lists them).
+
+With several uvicorn processes prometheus-client runs in multiprocess mode (frontend/server.py sets
+PROMETHEUS_MULTIPROC_DIR), so counters and histograms add up over the processes and each gauge
+combines as its contract entry says.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from common.metrics import define
 
-from common.metrics import LATENCY_BUCKETS, TOKEN_BUCKETS
-
-REQUESTS = Counter("quiver_requests_total", "HTTP requests answered, by route and status", ["route", "status"])
-FAILURES = Counter("quiver_request_failures_total", "HTTP requests that failed, by route and reason", ["route", "reason"])
-STAGE_SECONDS = Histogram(
-    "quiver_request_stage_seconds", "Time a request spent in each stage: tokenization, queue, inference, total",
-    ["route", "stage"], buckets=LATENCY_BUCKETS,
-)
-INPUT_TOKENS = Histogram("quiver_request_input_tokens", "Input tokens per request", ["route"], buckets=TOKEN_BUCKETS)
-INPUTS = Histogram("quiver_request_inputs", "Inputs per request", ["route"],
-                   buckets=tuple(float(2**i) for i in range(0, 13)))
-INFLIGHT_TOKENS = Gauge("quiver_frontend_inflight_tokens", "Tokens of requests this frontend is serving")
-LIVE_WORKERS = Gauge("quiver_frontend_live_workers", "Live workers, as the broker last reported")
-CHUNKS_SENT = Counter("quiver_frontend_chunks_total", "Chunks sent to the broker")
-CHUNKS_RESENT = Counter("quiver_frontend_chunks_resent_total", "Chunks sent again after the broker came back")
-BAD_MESSAGES = Counter("quiver_frontend_bad_messages_total", "Malformed messages from the broker")
+REQUESTS = define("quiver_requests_total")
+FAILURES = define("quiver_request_failures_total")
+STAGE_SECONDS = define("quiver_request_stage_seconds")
+INPUT_TOKENS = define("quiver_request_input_tokens")
+INPUTS = define("quiver_request_inputs")
+INFLIGHT_TOKENS = define("quiver_frontend_inflight_tokens")
+LIVE_WORKERS = define("quiver_frontend_live_workers")
+CHUNKS_SENT = define("quiver_frontend_chunks_sent_total")
+CHUNKS_RESENT = define("quiver_frontend_chunks_resent_total")
+BAD_MESSAGES = define("quiver_frontend_bad_messages_total")
