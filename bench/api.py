@@ -1,0 +1,93 @@
+"""Request bodies and response parsing for the two API flavours a server may speak.
+
+"openai": POST /v1/embeddings (OpenAI) and POST /v1/rerank (Cohere/Jina), as Quiver and vLLM serve them.
+"tei": POST /embed and POST /rerank, as Text Embeddings Inference and Quiver serve them.
+Both accept token ids in place of text, which the latency and throughput benchmarks rely on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bench.http_client import HttpSession
+
+Inputs = list[str] | list[list[int]]
+
+
+@dataclass(frozen=True)
+class ServerApi:
+    flavour: str  # "openai" | "tei"
+    model: str = ""  # the model name OpenAI-style requests carry ("" leaves it out)
+
+    def embed_request(self, inputs: Inputs) -> tuple[str, bytes]:
+        if self.flavour == "openai":
+            body: dict[str, Any] = {"input": inputs}
+            if self.model:
+                body["model"] = self.model
+            return "/v1/embeddings", json.dumps(body).encode()
+        return "/embed", json.dumps({"inputs": inputs}).encode()
+
+    def rerank_request(self, query: str, documents: list[str]) -> tuple[str, bytes]:
+        if self.flavour == "openai":
+            body: dict[str, Any] = {"query": query, "documents": documents}
+            if self.model:
+                body["model"] = self.model
+            return "/v1/rerank", json.dumps(body).encode()
+        return "/rerank", json.dumps({"query": query, "texts": documents}).encode()
+
+    def embeddings_of(self, body: bytes) -> np.ndarray:
+        """float32 [inputs, dim] in input order."""
+        parsed = json.loads(body)
+        if self.flavour == "openai":
+            rows = [item["embedding"] for item in sorted(parsed["data"], key=lambda item: item["index"])]
+        else:
+            rows = parsed
+        return np.asarray(rows, dtype=np.float32)
+
+    def scores_of(self, body: bytes, count: int) -> np.ndarray:
+        """One score per document, in document order (servers answer sorted by score)."""
+        parsed = json.loads(body)
+        items = parsed["results"] if self.flavour == "openai" else parsed
+        key = "relevance_score" if self.flavour == "openai" else "score"
+        scores = np.full(count, np.nan, dtype=np.float64)
+        for item in items:
+            scores[int(item["index"])] = float(item[key])
+        return scores
+
+
+async def get_json(session: HttpSession, path: str) -> Any | None:
+    """The JSON body of a 200 answer to GET path, else None."""
+    try:
+        status, body = await session.request("GET", path)
+    except Exception:  # noqa: BLE001 - any transport failure means "not this route"
+        return None
+    if status != 200:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+async def detect_api(session: HttpSession, flavour: str, model: str = "") -> ServerApi:
+    """The API a server speaks: TEI when GET /info names a model_id, OpenAI when GET /v1/models answers.
+
+    With flavour "openai" and no model name, the server's first model from /v1/models is used.
+    """
+    if flavour == "auto":
+        info = await get_json(session, "/info")
+        if isinstance(info, dict) and "model_id" in info:
+            flavour = "tei"
+        elif await get_json(session, "/v1/models") is not None:
+            flavour = "openai"
+        else:
+            raise RuntimeError("neither GET /info (TEI) nor GET /v1/models (OpenAI) answered; pass the API flavour")
+    if flavour == "openai" and not model:
+        listing = await get_json(session, "/v1/models")
+        if isinstance(listing, dict) and listing.get("data"):
+            model = str(listing["data"][0].get("id", ""))
+    return ServerApi(flavour, model)
