@@ -21,6 +21,7 @@ from common.protocol import (
     PROTOCOL_VERSION, Cancel, Chunk, Disconnect, Error, ErrorCode, Heartbeat, ProtocolError, Ready,
     Reconnect, Result,
 )
+from common.security import CurveServer, SecurityError, check_exposure
 from common.transport import make_socket, recv_routed, send
 
 log = logging.getLogger("quiver.broker")
@@ -30,10 +31,17 @@ class Broker:
     def __init__(self, settings: BrokerSettings, ctx: zmq.Context | None = None) -> None:
         self.settings = settings
         self.ctx = ctx or zmq.Context.instance()
+        curve = CurveServer(settings.curve_secret_key, settings.curve_authorized_dir) \
+            if settings.curve_secret_key else None
+        endpoints = [settings.frontend_endpoint, settings.worker_endpoint]
+        check_exposure(endpoints, curve, settings.allow_insecure)
+        self.authenticator = curve.start(self.ctx) if curve else None
         self.frontends = make_socket(self.ctx, zmq.ROUTER)
         self.workers = make_socket(self.ctx, zmq.ROUTER)
-        self.frontends.bind(settings.frontend_endpoint)
-        self.workers.bind(settings.worker_endpoint)
+        for sock, endpoint in ((self.frontends, endpoints[0]), (self.workers, endpoints[1])):
+            if curve:
+                curve.apply(sock)
+            sock.bind(endpoint)
         self.dispatcher = Dispatcher(settings.max_queued_chunks)
         self.running = True
         self.next_heartbeat = 0.0
@@ -60,6 +68,7 @@ class Broker:
                 self.next_heartbeat = now + interval
             self._dispatch_queued()
             self._update_gauges()
+            metrics.loop_tick()  # the loop went round: its timestamp, and systemd's watchdog
         self.close()
 
     def _drain(self, sock: zmq.Socket, handler, peer: str) -> None:
@@ -87,6 +96,8 @@ class Broker:
             send(self.workers, Disconnect(reason="broker shutting down"), identity)
         self.frontends.close()
         self.workers.close()
+        if self.authenticator is not None:
+            self.authenticator.stop()
 
     # frontends --------------------------------------------------------------------------------
     def _on_frontend_message(self, frontend: bytes, message) -> None:
@@ -244,6 +255,7 @@ class Broker:
 
 def run_broker(settings: BrokerSettings) -> int:
     """Entry point of `quiver broker`: bind, serve until SIGINT/SIGTERM, exit 0."""
+    from common import sdnotify
     from common.metrics import serve_metrics
 
     try:
@@ -252,9 +264,19 @@ def run_broker(settings: BrokerSettings) -> int:
         log.error("broker cannot bind its endpoints (%s, %s): %s",
                   settings.frontend_endpoint, settings.worker_endpoint, exc)
         return 1
+    except SecurityError as exc:
+        log.error("broker refuses to start: %s", exc)
+        return 1
     serve_metrics(settings.metrics_port, settings.metrics_host)
-    signal.signal(signal.SIGTERM, broker.stop)
-    signal.signal(signal.SIGINT, broker.stop)
+
+    def stop(signum: int, frame: object) -> None:
+        sdnotify.stopping()
+        broker.stop(signum, frame)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    metrics.loop_tick.watchdog = sdnotify.Watchdog.from_environment()
+    sdnotify.ready(f"frontends on {settings.frontend_endpoint}, workers on {settings.worker_endpoint}")
     broker.run()
     log.info("broker stopped")
     return 0

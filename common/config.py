@@ -39,6 +39,12 @@ class LoggingSettings:
 
 
 @dataclass
+class CurveClientSettings:
+    curve_secret_key: str = option("", "CurveZMQ: this process's .key_secret file (for a broker on another host)")
+    curve_broker_key: str = option("", "CurveZMQ: the broker's public .key file")
+
+
+@dataclass
 class BrokerSettings(HeartbeatSettings, LoggingSettings):
     frontend_endpoint: str = option(DEFAULT_FRONTEND_ENDPOINT, "ZeroMQ endpoint the broker binds for frontends")
     worker_endpoint: str = option(DEFAULT_WORKER_ENDPOINT, "ZeroMQ endpoint the broker binds for workers")
@@ -46,10 +52,13 @@ class BrokerSettings(HeartbeatSettings, LoggingSettings):
     max_retries: int = option(2, "times a chunk is re-dispatched after its worker died before it fails (503)")
     metrics_port: int = option(0, "port of the broker's Prometheus /metrics (0: none)")
     metrics_host: str = option("127.0.0.1", "address the broker's /metrics binds")
+    curve_secret_key: str = option("", "CurveZMQ: the broker's .key_secret file (encrypts both endpoints)")
+    curve_authorized_dir: str = option("", "CurveZMQ: directory of the public .key files of admitted peers")
+    allow_insecure: bool = option(False, "allow binding a non-loopback endpoint without CurveZMQ")
 
 
 @dataclass
-class WorkerSettings(HeartbeatSettings, LoggingSettings):
+class WorkerSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     broker: str = option(DEFAULT_WORKER_ENDPOINT, "the broker's worker endpoint to connect to")
     model: str = option("", "checkpoint directory (default: the packaged all-MiniLM-L6-v2)")
     device: str = option("cpu", "cpu, cuda or cuda:N")
@@ -60,12 +69,13 @@ class WorkerSettings(HeartbeatSettings, LoggingSettings):
     name: str = option("", "name in logs and metrics (default: the device)")
     gpu_memory_fraction: float = option(0.0, "share of GPU memory the worker may use (0: the engine's default)")
     cuda_graphs: bool = option(True, "capture CUDA graphs per batch shape")
+    watchdog_s: float = option(30.0, "a forward pass stuck this long makes the worker leave and exit (0: never)")
     metrics_port: int = option(0, "port of the worker's Prometheus /metrics (0: none)")
     metrics_host: str = option("127.0.0.1", "address the worker's /metrics binds")
 
 
 @dataclass
-class FrontendSettings(HeartbeatSettings, LoggingSettings):
+class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     host: str = option("127.0.0.1", "HTTP address to bind")
     port: int = option(8080, "HTTP port")
     broker: str = option(DEFAULT_FRONTEND_ENDPOINT, "the broker's frontend endpoint to connect to")

@@ -20,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from common.protocol import Cancel, Chunk, Disconnect, Error, Heartbeat, ProtocolError, Result, decode
+from common.security import CurveClient
 from common.transport import make_socket, send
 from frontend import metrics
 
@@ -41,8 +42,10 @@ class _Waiting:
 
 
 class BrokerClient:
-    def __init__(self, endpoint: str, heartbeat_interval_s: float, liveness: int) -> None:
+    def __init__(self, endpoint: str, heartbeat_interval_s: float, liveness: int,
+                 curve: CurveClient | None = None) -> None:
         self.endpoint = endpoint
+        self.curve = curve
         self.interval = heartbeat_interval_s
         self.window = heartbeat_interval_s * liveness
         self.client_id = uuid.uuid4().hex[:12]
@@ -69,6 +72,8 @@ class BrokerClient:
     async def start(self) -> None:
         self.ctx = zmq.asyncio.Context()
         self.sock = make_socket(self.ctx, zmq.DEALER, identity=f"frontend-{self.client_id}".encode())
+        if self.curve is not None:
+            self.curve.apply(self.sock)
         self.sock.connect(self.endpoint)
         send(self.sock, Heartbeat())
         self._tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._heartbeat_loop())]

@@ -6,6 +6,7 @@ API's own error format, never lets an exception escape as a crash, and records o
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hmac
 import logging
@@ -24,6 +25,35 @@ log = logging.getLogger("quiver.frontend")
 
 Handler = Callable[[Request], Awaitable[Response]]
 
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left first; never reaches the client
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before its answer was ready."""
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    """Return once the client has gone: after the body is read, the next ASGI message is the disconnect."""
+    await request.state.body_read.wait()
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(handler: Handler, request: Request) -> Response:
+    """Run the handler, but cancel it (and with it the request's unstarted chunks) if the client leaves."""
+    request.state.body_read = asyncio.Event()
+    work = asyncio.ensure_future(handler(request))
+    watch = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not work.done():
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        raise ClientDisconnected
+    return work.result()
+
 
 def json_response(body: Any, headers: dict[str, str] | None = None, status: int = 200) -> Response:
     return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
@@ -32,6 +62,15 @@ def json_response(body: Any, headers: dict[str, str] | None = None, status: int 
 
 async def read_json(request: Request, limit: int) -> Any:
     """The request body parsed as JSON, read no further than `limit` bytes (413 beyond)."""
+    try:
+        return _parse_json(await _read_body(request, limit))
+    finally:
+        body_read = getattr(request.state, "body_read", None)
+        if body_read is not None:
+            body_read.set()
+
+
+async def _read_body(request: Request, limit: int) -> bytearray:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError("body_too_large", f"the request body of {declared} bytes is over the {limit}-byte limit")
@@ -40,6 +79,10 @@ async def read_json(request: Request, limit: int) -> Any:
         body += part
         if len(body) > limit:
             raise APIError("body_too_large", f"the request body is over the {limit}-byte limit")
+    return body
+
+
+def _parse_json(body: bytearray) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -77,7 +120,10 @@ def endpoint(route: str, openai_style: bool, api_key: str, public: bool = False)
                 if not public and not authorized(request, api_key):
                     raise APIError("unauthorized", "a valid API key is required: 'Authorization: Bearer <key>'",
                                    headers={"WWW-Authenticate": "Bearer"})
-                response = await handler(request)
+                response = await _unless_disconnected(handler, request)
+            except ClientDisconnected:
+                metrics.FAILURES.labels(route, "client_disconnected").inc()
+                response = Response(status_code=CLIENT_CLOSED_REQUEST)
             except APIError as error:
                 metrics.FAILURES.labels(route, error.reason).inc()
                 response = render(error, openai_style)

@@ -122,6 +122,9 @@ class Pipeline:
                 if exc is not None:
                     raise exc
             if pending:
+                if not self.client.broker_alive:
+                    raise APIError("unavailable", "the broker became unreachable and did not come back before "
+                                   "the request's deadline", headers={"Retry-After": RETRY_AFTER_S})
                 raise APIError("timeout", f"the request did not finish within {self.settings.request_timeout_s:g} s")
         finally:
             for chunk, task_ in zip(chunks, tasks):

@@ -38,6 +38,14 @@ def _frontend(args: argparse.Namespace) -> int:
     return run_frontend(settings)
 
 
+def _keys(args: argparse.Namespace) -> int:
+    from common.security import make_keys
+
+    public, secret = make_keys(args.dir, args.name)
+    print(f"public key (give it to peers): {public}\nsecret key (keep it here):     {secret}")
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     from quiver.supervisor import Supervisor
 
@@ -48,7 +56,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 ROLES: dict[str, tuple[type, Callable[[argparse.Namespace], int], str, frozenset[str]]] = {
     "serve": (ServeSettings, _serve, "start broker, workers and frontend on this host and supervise them",
-              frozenset({"broker"})),
+              frozenset({"broker", "curve_secret_key", "curve_broker_key"})),
     "broker": (BrokerSettings, _broker, "run the broker that spreads chunks over workers", frozenset()),
     "frontend": (FrontendSettings, _frontend, "run the HTTP frontend", frozenset()),
     "worker": (WorkerSettings, _worker, "run one worker on one device", frozenset()),
@@ -62,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (settings_type, _, help_text, exclude) in ROLES.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
         add_arguments(sub, settings_type, exclude)
+    keys = commands.add_parser("keys", help="make a CurveZMQ key pair for links between hosts",
+                               description="Write NAME.key (public) and NAME.key_secret (secret) into DIR.")
+    keys.add_argument("--dir", default=".", help="directory to write the key files into")
+    keys.add_argument("--name", required=True, help="the key pair's name, e.g. broker or worker-gpu3")
+    keys.set_defaults(run=_keys)
     try:
         from bench.cli import add_bench_parser
     except ModuleNotFoundError as exc:

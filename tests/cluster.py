@@ -93,13 +93,14 @@ class Cluster:
         self.broker.start(self._env())
         return self.broker
 
-    def start_worker(self, index: int | None = None, extra: list[str] | None = None) -> Process:
+    def start_worker(self, index: int | None = None, extra: list[str] | None = None,
+                     env: dict[str, str] | None = None) -> Process:
         index = len(self.worker_procs) if index is None else index
         model = ["--model", self.model] if self.model else []
         proc = Process(f"worker{index}", self._argv(
             "worker", "--broker", self.worker_endpoint, "--device", "cpu", "--threads", "1",
             "--name", f"cpu-{index}", *model, *self.worker_args, *(extra or [])), self.dir / f"worker{index}.log")
-        proc.start(self._env())
+        proc.start({**self._env(), **(env or {})})
         if index < len(self.worker_procs):
             self.worker_procs[index] = proc
         else:

@@ -9,26 +9,33 @@ silent for the liveness window the socket is replaced and READY sent again, with
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
 import uuid
+from typing import Callable
 
 import zmq
 
 from common.config import WorkerSettings
 from common.protocol import Cancel, Chunk, Disconnect, Heartbeat, ProtocolError, Ready, Reconnect
+from common.security import client_from
 from common.transport import make_socket, recv, send, send_frames
 
 log = logging.getLogger("quiver.worker.link")
 
 MAX_RECONNECT_BACKOFF_S = 8.0
+EXIT_STALLED = 70  # EX_SOFTWARE: the scheduler hung; a supervisor should start the worker again
 
 
 class BrokerLink(threading.Thread):
     def __init__(self, ctx: zmq.Context, settings: WorkerSettings, ready: Ready,
-                 inbox: "queue.Queue[Chunk | Cancel]", outbox_endpoint: str) -> None:
+                 inbox: "queue.Queue[Chunk | Cancel]", outbox_endpoint: str,
+                 stalled_for: Callable[[float], float]) -> None:
         super().__init__(name="broker-link", daemon=True)
+        self.stalled_for = stalled_for
+        self.curve = client_from(settings.curve_secret_key, settings.curve_broker_key)
         self.ctx = ctx
         self.settings = settings
         self.ready = ready
@@ -47,6 +54,8 @@ class BrokerLink(threading.Thread):
 
     def _connect(self) -> zmq.Socket:
         sock = make_socket(self.ctx, zmq.DEALER, identity=self.identity)
+        if self.curve is not None:
+            self.curve.apply(sock)
         sock.connect(self.settings.broker)
         send(sock, self.ready)
         return sock
@@ -61,14 +70,18 @@ class BrokerLink(threading.Thread):
         interval = self.settings.heartbeat_interval_s
         next_heartbeat = time.monotonic() + interval
         backoff = interval
+        announced_draining = False
         self.last_broker_contact = time.monotonic()
         while not self.stopping.is_set():
-            events = dict(poller.poll(max(0.0, next_heartbeat - time.monotonic()) * 1000))
+            events = dict(poller.poll(min(100.0, max(0.0, next_heartbeat - time.monotonic()) * 1000)))
             if outbox in events:
                 self._forward_outbox(outbox, sock)
             if sock in events:
                 self._read_broker(sock)
+                backoff = interval
             now = time.monotonic()
+            if self._scheduler_hung(now):
+                self._leave_hung(sock)
             if now - self.last_broker_contact > self.settings.liveness_window_s:
                 log.warning("broker silent for %.1f s; reconnecting in %.1f s",
                             now - self.last_broker_contact, backoff)
@@ -82,13 +95,28 @@ class BrokerLink(threading.Thread):
                 self.last_broker_contact = time.monotonic()
                 backoff = min(backoff * 2, MAX_RECONNECT_BACKOFF_S)
                 continue
-            if now >= next_heartbeat:
+            if now >= next_heartbeat or self.draining != announced_draining:
                 send(sock, Heartbeat(draining=self.draining))
+                announced_draining = self.draining
                 next_heartbeat = now + interval
         self._forward_outbox(outbox, sock)
         send(sock, Disconnect(reason="worker stopping"))
         sock.close()
         outbox.close()
+
+    def _scheduler_hung(self, now: float) -> bool:
+        watchdog = self.settings.watchdog_s
+        return watchdog > 0 and not self.stopping.is_set() and self.stalled_for(now) > watchdog
+
+    def _leave_hung(self, sock: zmq.Socket) -> None:
+        """A forward pass has not returned for the watchdog interval: nothing in this process can end
+        it, so leave the broker (it re-dispatches our chunks at once) and exit for a restart."""
+        log.error("the scheduler made no progress for %.0f s; leaving the broker and exiting",
+                  self.settings.watchdog_s)
+        send(sock, Disconnect(reason="worker hung: no progress within the watchdog interval"))
+        sock.close(linger=1000)
+        logging.shutdown()
+        os._exit(EXIT_STALLED)
 
     def _forward_outbox(self, outbox: zmq.Socket, sock: zmq.Socket) -> None:
         while True:

@@ -15,12 +15,15 @@ import threading
 
 import zmq
 
+from common import sdnotify
 from common.config import WorkerSettings
 from common.metrics import serve_metrics
 from common.model_info import EXIT_MODEL_ERROR, ModelError, default_model_dir, tasks_for_kind
 from common.protocol import PROTOCOL_VERSION, Ready
 from common.transport import make_socket, send
 from worker import metrics
+from worker.faults import with_injected_faults
+from worker.host_memory import limit_arenas
 from worker.link import BrokerLink
 from worker.scheduler import Scheduler
 
@@ -30,6 +33,12 @@ log = logging.getLogger("quiver.worker")
 def run_worker(settings: WorkerSettings) -> int:
     from worker.engine import load_engine  # torch is imported here, after the options are parsed
 
+    if settings.device == "cpu":
+        # oneDNN keeps compiled kernels for every matrix shape it meets (up to 1024 of them); ragged
+        # batches meet a new shape nearly every step, so a CPU worker's memory would creep up by
+        # hundreds of MiB. Rebuilding them costs nothing measurable next to the product itself.
+        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
+    limit_arenas()
     if settings.threads > 0:
         import torch
 
@@ -49,8 +58,9 @@ def run_worker(settings: WorkerSettings) -> int:
     log.info("worker %s: %s (%s) on %s in %s; batches of up to %d tokens / %d sequences",
              name, info.model.name, info.model.architecture, info.device, info.dtype,
              info.max_batch_tokens, info.max_batch_seqs)
-    metrics.INFO.labels(name, info.device, info.model.name, info.dtype).set(1)
-    serve_metrics(settings.metrics_port, settings.metrics_host)
+    metrics.INFO.labels(info.model.name, info.model.kind, info.dtype).set(1)
+    metrics.watch_engine(engine)
+    serve_metrics(settings.metrics_port, settings.metrics_host, labels={"worker": name, "device": info.device})
 
     ready = Ready(
         version=PROTOCOL_VERSION, name=name, model=info.model.name, device=info.device,
@@ -59,11 +69,14 @@ def run_worker(settings: WorkerSettings) -> int:
     )
     ctx = zmq.Context()
     outbox_endpoint = f"inproc://worker-outbox-{os.getpid()}"
-    inbox: queue.Queue = queue.Queue()
-    link = BrokerLink(ctx, settings, ready, inbox, outbox_endpoint)
-    link.start()
     outbox = make_socket(ctx, zmq.PUSH)
     outbox.connect(outbox_endpoint)
+    scheduler = Scheduler(with_injected_faults(engine), send=lambda message: send(outbox, message),
+                          worker_name=name, max_batch_tokens=info.max_batch_tokens,
+                          max_batch_seqs=info.max_batch_seqs)
+    inbox: queue.Queue = queue.Queue()
+    link = BrokerLink(ctx, settings, ready, inbox, outbox_endpoint, stalled_for=scheduler.stalled_for)
+    link.start()
 
     stop = threading.Event()
     drain = threading.Event()
@@ -74,14 +87,17 @@ def run_worker(settings: WorkerSettings) -> int:
             stop.set()
             return
         log.info("%s: draining", signal.Signals(signum).name)
+        sdnotify.stopping(f"draining {len(scheduler.jobs)} chunks")
         link.draining = True
         drain.set()
 
     signal.signal(signal.SIGTERM, start_drain)
     signal.signal(signal.SIGINT, start_drain)
 
-    scheduler = Scheduler(engine, send=lambda message: send(outbox, message), worker_name=name,
-                          max_batch_tokens=info.max_batch_tokens, max_batch_seqs=info.max_batch_seqs)
+    # The model is loaded and warm (load_engine compiles and measures on a GPU): tell systemd, and pet
+    # its watchdog from every scheduler-loop iteration from now on, so a hung worker is restarted.
+    metrics.loop_tick.watchdog = sdnotify.Watchdog.from_environment()
+    sdnotify.ready(f"serving {info.model.name} on {info.device}")
     scheduler.run(inbox, stop, drain)
     link.stop()
     link.join(timeout=5)

@@ -22,8 +22,14 @@ from common.model_info import tasks_for_kind
 from common.protocol import Cancel, Chunk, Error, ErrorCode, Message, Result
 from worker import metrics
 from worker.engine import Batch
+from worker.host_memory import TRIM_EVERY_STEPS, release_free_memory
 
 log = logging.getLogger("quiver.worker.scheduler")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch.cuda.OutOfMemoryError (or an injected stand-in), recognised without importing torch."""
+    return "OutOfMemoryError" in type(exc).__name__ or "out of memory" in str(exc).lower()
 
 
 @dataclass(eq=False)
@@ -73,7 +79,8 @@ class Scheduler:
         self.pool: collections.deque[SequenceRef] = collections.deque()
         self.jobs: dict[str, ChunkJob] = {}
         self.steps = 0
-        self.last_progress = time.monotonic()
+        self.trimmed_at_step = 0
+        self.loop_at = time.monotonic()
 
     # intake ------------------------------------------------------------------------------------
     def accept(self, message: Chunk | Cancel) -> None:
@@ -178,7 +185,6 @@ class Scheduler:
         elapsed = time.monotonic() - flight.launched
         metrics.STEP_SECONDS.observe(elapsed)
         self.steps += 1
-        self.last_progress = time.monotonic()
         for job in {id(ref.job): ref.job for ref in flight.refs}.values():
             job.inference_s += elapsed
             if job.rows_left == 0 and not job.closed:
@@ -194,12 +200,33 @@ class Scheduler:
             job.values[ref.row] = rows[i]
             job.rows_left -= 1
 
-    def fail_batch(self, flight_refs: list[SequenceRef], exc: BaseException) -> None:
-        """The model raised on a batch: fail every chunk that had a sequence in it."""
-        for job in {id(ref.job): ref.job for ref in flight_refs}.values():
+    def fail_batch(self, refs: list[SequenceRef], exc: BaseException) -> None:
+        """Fail every still-open chunk that had a sequence in `refs`."""
+        for job in {id(ref.job): ref.job for ref in refs}.values():
             if not job.closed:
                 self._close(job)
                 self._fail_chunk(job.chunk.chunk_id, ErrorCode.INTERNAL, f"the model failed: {exc}")
+
+    def recover(self, refs: list[SequenceRef], exc: BaseException) -> None:
+        """A batch failed: run its sequences again once, in two halves. Out of memory keeps halving
+        down to single sequences; what still fails fails its chunks, and nothing else."""
+        metrics.FAILED_BATCHES.labels("out_of_memory" if is_out_of_memory(exc) else "error").inc()
+        log.warning("a batch of %d sequences failed (%s: %s); retrying in smaller batches",
+                    len(refs), type(exc).__name__, exc)
+        live = [ref for ref in refs if not ref.job.closed]
+        middle = len(live) // 2
+        for part in (live[:middle], live[middle:]) if len(live) > 1 else (live,):
+            part = [ref for ref in part if not ref.job.closed]
+            if not part:
+                continue
+            try:
+                self.finish(self.launch(self._assemble(part), part))
+            except Exception as again:
+                if is_out_of_memory(again) and len(part) > 1:
+                    self.recover(part, again)
+                else:
+                    log.error("retry of %d sequences failed too: %s", len(part), again)
+                    self.fail_batch(part, again)
 
     def _answer(self, job: ChunkJob) -> None:
         self._close(job)
@@ -222,32 +249,36 @@ class Scheduler:
         """Serve until `stop`; after `drain`, finish what is held and return."""
         pending: InFlightBatch | None = None
         while not stop.is_set():
+            self.loop_at = time.monotonic()
             idle = pending is None and not self.pool
             if idle and drain.is_set() and inbox.empty():
                 return
+            if self.steps - self.trimmed_at_step >= TRIM_EVERY_STEPS or (idle and self.steps > self.trimmed_at_step):
+                release_free_memory()
+                self.trimmed_at_step = self.steps
             self._absorb(inbox, block=idle)
             launched = None
             picked = self.next_batch()
             if picked is not None:
                 try:
                     launched = self.launch(*picked)
-                except Exception as exc:  # a failing forward costs its batch, not the worker
-                    log.exception("the model failed on a batch of %d sequences", picked[0].num_seqs)
-                    self.fail_batch(picked[1], exc)
+                except Exception as exc:  # a failing forward costs its batch at most, never the worker
+                    self.recover(picked[1], exc)
             if pending is not None:
-                self._finish_guarded(pending)
+                try:
+                    self.finish(pending)
+                except Exception as exc:
+                    self.recover(pending.refs, exc)
             pending = launched
             metrics.QUEUE_DEPTH.set(len(self.pool))
             metrics.INFLIGHT_CHUNKS.set(len(self.jobs))
+            metrics.loop_tick()  # the loop went round: its timestamp, and systemd's watchdog
         if pending is not None:
-            self._finish_guarded(pending)
+            self.finish(pending)
 
-    def _finish_guarded(self, flight: InFlightBatch) -> None:
-        try:
-            self.finish(flight)
-        except Exception as exc:
-            log.exception("the model failed on a batch of %d sequences", len(flight.refs))
-            self.fail_batch(flight.refs, exc)
+    def stalled_for(self, now: float) -> float:
+        """Seconds since the loop last went round: long only when a step hangs."""
+        return now - self.loop_at
 
     def _absorb(self, inbox: "queue.Queue[Chunk | Cancel]", block: bool) -> None:
         try:

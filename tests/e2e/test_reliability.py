@@ -1,0 +1,143 @@
+"""Faults under load, with real processes: nothing is lost, every answer is right.
+
+Each test prints one summary line (requests sent, failures, worst latency); the README's
+reliability table is made of these lines.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.cluster import Cluster, free_port
+from tests.corpus import sentences
+from tests.load import MixedLoad
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def workload(st_model):
+    texts = sentences(160)
+    reference = st_model.encode(texts, normalize_embeddings=True)
+    token_ids = [st_model.tokenizer(t, truncation=True, max_length=256)["input_ids"] for t in texts]
+    return texts, reference, token_ids
+
+
+def load_on(cluster: Cluster, workload, clients: int = 3, timeout_s: float = 60.0) -> MixedLoad:
+    texts, reference, token_ids = workload
+    return MixedLoad(cluster.url, texts, reference, token_ids, clients=clients, timeout_s=timeout_s)
+
+
+def assert_nothing_lost(report, name: str) -> None:
+    print("\n" + report.summary(name))
+    failures = report.failures()
+    assert report.sent > 0
+    assert not failures, [(f.kind, f.status, f.detail) for f in failures[:5]]
+
+
+def metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
+    total = 0.0
+    for family in text_string_to_metric_families(httpx.get(url, timeout=5).text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
+                total += sample.value
+    return total
+
+
+def test_kill_9_one_of_two_workers_under_load(workload):
+    with Cluster(workers=2) as cluster:
+        load = load_on(cluster, workload).start()
+        time.sleep(8)
+        cluster.worker_procs[1].signal(signal.SIGKILL)
+        time.sleep(22)
+        report = load.finish()
+        assert_nothing_lost(report, "kill -9 one of two workers during 30 s of load")
+        assert cluster.health().json()["live_workers"] == 1
+
+
+def test_broker_restart(workload):
+    cluster = Cluster(workers=2, frontend_args=["--request-timeout-s", "10"])
+    with cluster:
+        load = load_on(cluster, workload, timeout_s=20).start()
+        time.sleep(4)
+        cluster.broker.signal(signal.SIGKILL)
+        cluster.broker.wait(5)
+        time.sleep(2)
+        cluster.start_broker()
+        cluster.wait_live_workers(2, timeout=30)
+        time.sleep(6)
+        report = load.finish()
+        print("\n" + report.summary("kill -9 the broker and start it again, under load"))
+        # While the broker was away: answers are right or 503, and none waits past its deadline.
+        for outcome in report.outcomes:
+            assert outcome.status in (200, 503), (outcome.status, outcome.detail)
+            assert outcome.status != 200 or outcome.correct
+            assert outcome.seconds < 10 + 2
+        # After it came back, everything succeeds.
+        after = load_on(cluster, workload).run_for(4)
+        assert_nothing_lost(after, "after the broker restart")
+
+
+def test_worker_that_raises_on_its_fifth_forward(workload):
+    port = free_port()
+    cluster = Cluster(workers=1, env={"QUIVER_INJECT_FAULTS": "raise_on_step=5"},
+                      worker_args=["--metrics-port", str(port)])
+    with cluster:
+        report = load_on(cluster, workload, clients=2).run_for(6)
+        assert_nothing_lost(report, "a worker that raises on its 5th forward pass")
+        url = f"http://127.0.0.1:{port}/metrics"
+        assert metric(url, "quiver_worker_failed_batches_total") == 1
+
+
+def test_out_of_memory_splits_the_batch_and_only_a_too_large_sequence_fails(workload):
+    texts, *_ = workload
+    cluster = Cluster(workers=1, env={"QUIVER_INJECT_FAULTS": "oom_over_tokens=200"})
+    with cluster:
+        batch = httpx.post(cluster.url + "/embed", json={"inputs": texts[:64]}, timeout=60)
+        assert batch.status_code == 200 and len(batch.json()) == 64
+        too_big = httpx.post(cluster.url + "/embed", json={"inputs": "word " * 250}, timeout=60)
+        assert too_big.status_code == 500 and "out of memory" in too_big.json()["error"]
+        assert httpx.post(cluster.url + "/embed", json={"inputs": texts[:3]}, timeout=60).status_code == 200
+
+
+def test_hung_worker_is_left_and_its_chunks_served_elsewhere(workload):
+    with Cluster(workers=1) as cluster:
+        hung = cluster.start_worker(extra=["--watchdog-s", "2"], env={"QUIVER_INJECT_FAULTS": "hang_on_step=3"})
+        cluster.wait_live_workers(2)
+        report = load_on(cluster, workload).run_for(10)
+        assert_nothing_lost(report, "a worker whose forward pass hangs (watchdog 2 s)")
+        assert hung.wait(10) == 70, hung.log()
+        assert "no progress" in hung.log()
+
+
+def test_sigterm_drains_under_load(workload):
+    with Cluster(workers=2) as cluster:
+        load = load_on(cluster, workload).start()
+        time.sleep(4)
+        cluster.worker_procs[0].signal(signal.SIGTERM)
+        code = cluster.worker_procs[0].wait(30)
+        time.sleep(3)
+        report = load.finish()
+        assert code == 0, cluster.worker_procs[0].log()
+        assert_nothing_lost(report, "SIGTERM drains a worker under load")
+        assert "draining" in cluster.worker_procs[0].log()
+
+
+def test_client_disconnect_cancels_its_chunks(workload):
+    texts, *_ = workload
+    broker_metrics = free_port()
+    with Cluster(workers=1, broker_args=["--metrics-port", str(broker_metrics)]) as cluster:
+        big = [t * 6 for t in texts] * 8  # a long request: many chunks, seconds of CPU work
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(cluster.url + "/embed", json={"inputs": big, "truncate": True}, timeout=1.0)
+        time.sleep(1.0)
+        url = f"http://127.0.0.1:{broker_metrics}/metrics"
+        assert metric(url, "quiver_broker_inflight_chunks") == 0 and metric(url, "quiver_broker_queue_depth") == 0
+        started = time.monotonic()
+        assert httpx.post(cluster.url + "/embed", json={"inputs": "next"}, timeout=30).status_code == 200
+        assert time.monotonic() - started < 5
