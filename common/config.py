@@ -55,6 +55,7 @@ class BrokerSettings(HeartbeatSettings, LoggingSettings):
     curve_secret_key: str = option("", "CurveZMQ: the broker's .key_secret file (encrypts both endpoints)")
     curve_authorized_dir: str = option("", "CurveZMQ: directory of the public .key files of admitted peers")
     allow_insecure: bool = option(False, "allow binding a non-loopback endpoint without CurveZMQ")
+    busy_poll_us: int = option(0, "after a message, poll without sleeping for this long (lower latency, more CPU)")
 
 
 @dataclass
@@ -70,6 +71,7 @@ class WorkerSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     gpu_memory_fraction: float = option(0.0, "share of GPU memory the worker may use (0: the engine's default)")
     cuda_graphs: bool = option(True, "capture CUDA graphs per batch shape")
     watchdog_s: float = option(30.0, "a forward pass stuck this long makes the worker leave and exit (0: never)")
+    busy_poll_us: int = option(0, "after a message, poll without sleeping for this long (lower latency, more CPU)")
     metrics_port: int = option(0, "port of the worker's Prometheus /metrics (0: none)")
     metrics_host: str = option("127.0.0.1", "address the worker's /metrics binds")
 
@@ -107,6 +109,8 @@ class ServeSettings(FrontendSettings):
     threads: int = option(0, "CPU threads per CPU worker (0: the cores divided among the workers)")
     max_queued_chunks: int = option(4096, "broker: chunks waiting for a worker before 429")
     max_retries: int = option(2, "broker: re-dispatches of a chunk whose worker died")
+    busy_poll_us: int = option(-1, "broker and GPU workers poll without sleeping this long after a message "
+                                   "(-1: 500 with GPUs, 0 on CPUs)")
     broker_metrics_port: int = option(0, "port of the broker's /metrics (0: none)")
     worker_metrics_port: int = option(0, "first port of the workers' /metrics, one per worker (0: none)")
 

@@ -28,6 +28,7 @@ STOP_TIMEOUT_S = 30.0
 MAX_BACKOFF_S = 30.0
 STABLE_AFTER_S = 60.0
 PR_SET_PDEATHSIG = 1
+DEFAULT_GPU_BUSY_POLL_US = 500
 
 
 def _die_with_parent() -> None:
@@ -93,10 +94,6 @@ class Supervisor:
         s = self.settings
         model = s.model or str(default_model_dir())
         common = dict(heartbeat_interval_s=s.heartbeat_interval_s, liveness=s.liveness, log_level=s.log_level)
-        broker = BrokerSettings(frontend_endpoint=s.frontend_endpoint, worker_endpoint=s.worker_endpoint,
-                                max_queued_chunks=s.max_queued_chunks, max_retries=s.max_retries,
-                                metrics_port=s.broker_metrics_port, **common)
-        self.broker = Child("broker", self._quiver("broker", to_argv(broker, BrokerSettings)))
 
         gpus = _visible_gpus() if s.device in ("", "cuda") else 0
         device = s.device or ("cuda" if gpus else "cpu")
@@ -106,12 +103,20 @@ class Supervisor:
             devices = [f"cuda:{i}" for i in range(s.workers or gpus)]
         else:
             devices = ["cpu"] * (s.workers or 1)
+        # Busy polling buys latency with CPU time: worth it beside GPUs, not where the CPUs do the work.
+        busy_poll_us = s.busy_poll_us if s.busy_poll_us >= 0 else (DEFAULT_GPU_BUSY_POLL_US if device == "cuda" else 0)
+
+        broker = BrokerSettings(frontend_endpoint=s.frontend_endpoint, worker_endpoint=s.worker_endpoint,
+                                max_queued_chunks=s.max_queued_chunks, max_retries=s.max_retries,
+                                metrics_port=s.broker_metrics_port, busy_poll_us=busy_poll_us, **common)
+        self.broker = Child("broker", self._quiver("broker", to_argv(broker, BrokerSettings)))
+
         threads = s.threads or max(1, (os.cpu_count() or 1) // len(devices))
         for index, dev in enumerate(devices):
             name = dev if dev != "cpu" else f"cpu-{index}"
             worker = WorkerSettings(
                 broker=s.worker_endpoint, model=model, device=dev, dtype=s.dtype, max_batch_tokens=s.max_batch_tokens,
-                threads=threads if dev == "cpu" else 0, name=name,
+                threads=threads if dev == "cpu" else 0, name=name, busy_poll_us=busy_poll_us,
                 metrics_port=(s.worker_metrics_port + index) if s.worker_metrics_port else 0, **common,
             )
             self.workers.append(Child(f"worker {name}", self._quiver("worker", to_argv(worker, WorkerSettings))))

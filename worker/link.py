@@ -71,9 +71,16 @@ class BrokerLink(threading.Thread):
         next_heartbeat = time.monotonic() + interval
         backoff = interval
         announced_draining = False
+        spin_s = self.settings.busy_poll_us / 1e6
+        last_message = 0.0
         self.last_broker_contact = time.monotonic()
         while not self.stopping.is_set():
-            events = dict(poller.poll(min(100.0, max(0.0, next_heartbeat - time.monotonic()) * 1000)))
+            # Right after traffic, poll without sleeping for a moment (see BrokerSettings.busy_poll_us).
+            spinning = time.monotonic() - last_message < spin_s
+            timeout_ms = 0 if spinning else min(100.0, max(0.0, next_heartbeat - time.monotonic()) * 1000)
+            events = dict(poller.poll(timeout_ms))
+            if events:
+                last_message = time.monotonic()
             if outbox in events:
                 self._forward_outbox(outbox, sock)
             if sock in events:

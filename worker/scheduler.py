@@ -27,6 +27,9 @@ from worker.host_memory import TRIM_EVERY_STEPS, release_free_memory
 log = logging.getLogger("quiver.worker.scheduler")
 
 
+IDLE_POLL_S = 0.1  # an idle loop wakes this often (for the stop flag and the watchdog)
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     """torch.cuda.OutOfMemoryError (or an injected stand-in), recognised without importing torch."""
     return "OutOfMemoryError" in type(exc).__name__ or "out of memory" in str(exc).lower()
@@ -253,9 +256,8 @@ class Scheduler:
             idle = pending is None and not self.pool
             if idle and drain.is_set() and inbox.empty():
                 return
-            if self.steps - self.trimmed_at_step >= TRIM_EVERY_STEPS or (idle and self.steps > self.trimmed_at_step):
-                release_free_memory()
-                self.trimmed_at_step = self.steps
+            if self.steps - self.trimmed_at_step >= TRIM_EVERY_STEPS:
+                self._trim()
             self._absorb(inbox, block=idle)
             launched = None
             picked = self.next_batch()
@@ -280,10 +282,16 @@ class Scheduler:
         """Seconds since the loop last went round: long only when a step hangs."""
         return now - self.loop_at
 
+    def _trim(self) -> None:
+        release_free_memory()
+        self.trimmed_at_step = self.steps
+
     def _absorb(self, inbox: "queue.Queue[Chunk | Cancel]", block: bool) -> None:
         try:
-            self.accept(inbox.get(timeout=0.1) if block else inbox.get_nowait())
+            self.accept(inbox.get(timeout=IDLE_POLL_S) if block else inbox.get_nowait())
         except queue.Empty:
+            if block and self.steps > self.trimmed_at_step:
+                self._trim()  # idle for a while: a good moment, off every request's path
             return
         while True:
             try:

@@ -170,16 +170,25 @@ def size_memory(engine: Engine, fraction: float) -> None:
     engine.info.gpu_budget_bytes = figures.budget_bytes
 
 
+RAGGED_SURVEY = ((4, 128), (16, 256), (16, 1024), (8, 4096), (64, 512))  # (rows, longest row)
+
+
 def survey_attention(engine: Engine) -> None:
-    """Measure the attention backends at common single-sequence and equal-length shapes, and log them."""
+    """Measure the attention backends at common shapes, dense (equal rows) and ragged, log them, and
+    freeze the selector: shapes met later while serving borrow the nearest surveyed shape's winner."""
     spec, dev = engine.model.attention_spec, engine.device
-    limit = min(engine.info.max_batch_tokens, engine.info.model.max_input_length)
+    budget = engine.info.max_batch_tokens
+    limit = min(budget, engine.info.model.max_input_length)
     for rows, length in ((1, 128), (1, 512), (1, 4096), (16, 512), (8, 1024)):
-        if rows * length > engine.info.max_batch_tokens or length > limit:
-            continue
-        engine.selector.choose(context_for_lens([length] * rows, spec, dev, dense=True))
+        if rows * length <= budget and length <= limit:
+            engine.selector.choose(context_for_lens([length] * rows, spec, dev, dense=True))
+    for rows, longest in RAGGED_SURVEY:
+        lens = [max(1, longest * (rows - i) // rows) for i in range(rows)]  # longest down to longest/rows
+        if sum(lens) <= budget and longest <= limit:
+            engine.selector.choose(context_for_lens(lens, spec, dev))
     for key, times in engine.selector.timings_ms.items():
         log.info("attention %s: %s", key, {k: round(v, 4) for k, v in sorted(times.items(), key=lambda kv: kv[1])})
+    engine.selector.freeze()
 
 
 def log_startup(engine: Engine) -> None:
