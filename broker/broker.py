@@ -62,8 +62,11 @@ class Broker:
             spinning = time.monotonic() - last_message < spin_s
             timeout_ms = 0 if spinning else max(0.0, self.next_heartbeat - time.monotonic()) * 1000
             events = dict(poller.poll(timeout_ms))
+            now = time.monotonic()
             if events:
-                last_message = time.monotonic()
+                last_message = now
+            elif now < self.next_heartbeat:
+                continue  # an empty spin: nothing to do until a message or the next heartbeat
             if self.workers in events:
                 self._drain(self.workers, self._on_worker_message, "worker")
             if self.frontends in events:

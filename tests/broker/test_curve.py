@@ -51,13 +51,13 @@ def test_a_frontend_without_keys_gets_nothing_from_a_curve_broker(tmp_path):
     cluster.start_frontend()
     try:
         end = time.monotonic() + 30
-        while time.monotonic() < end:
+        while time.monotonic() < end:  # until the frontend answers HTTP at all
             try:
-                response = cluster.health()
+                cluster.health()
                 break
             except httpx.HTTPError:
                 time.sleep(0.2)
-        time.sleep(1.5)
+        time.sleep(1.5)  # past the liveness window: its heartbeats never got an answer
         response = cluster.health()
         assert response.status_code == 503 and "unreachable" in response.json()["error"]
     finally:

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.model_info import default_model_dir
 from tests.cluster import Cluster, free_port
+from tests.worker.engine.families import spread_weights
 
 ATOL = 1e-4
 QUERY = "how do cats sleep"
@@ -50,20 +51,6 @@ def reranker_body(instruction: str, query: str, document: str) -> str:
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------
-
-
-def spread_weights(model: Any, seed: int = 0) -> Any:
-    """Random weights wide enough that different inputs get clearly different scores."""
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() == 2:
-                param.normal_(0.0, 0.2)
-            elif "norm" in name.lower():
-                param.uniform_(0.5, 1.5)
-            else:
-                param.normal_(0.0, 0.1)
-    return model.eval()
 
 
 def write_word_tokenizer(path: Path, texts: list[str], specials: list[str], added: list[str],

@@ -147,7 +147,7 @@ def test_dimensions_cut_before_quantizing(quantizing):
 
 
 def test_openai_client_with_dimensions_and_base64(quantizing):
-    openai = pytest.importorskip("openai")
+    import openai
     client = openai.OpenAI(base_url=quantizing.url + "/v1", api_key="unused")
     # The client asks for base64 itself and decodes it as little-endian float32.
     result = client.embeddings.create(model="pplx-tiny", input=TEXTS, dimensions=20)

@@ -51,12 +51,9 @@ def _qwen3_config(**extra: Any) -> Any:
     )
 
 
-def _make(cls_name: str, config: Any, **kwargs: Any) -> Any:
-    import transformers
-
-    torch.manual_seed(0)
-    model = getattr(transformers, cls_name)(config, **kwargs).eval()
-    # Spread the weights so that different inputs give clearly different outputs.
+def spread_weights(model: Any, seed: int = 0) -> Any:
+    """Random weights wide enough that different inputs give clearly different outputs."""
+    torch.manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.dim() == 2:
@@ -65,7 +62,14 @@ def _make(cls_name: str, config: Any, **kwargs: Any) -> Any:
                 param.uniform_(0.5, 1.5)
             else:
                 param.normal_(0.0, 0.1)
-    return model
+    return model.eval()
+
+
+def _make(cls_name: str, config: Any, **kwargs: Any) -> Any:
+    import transformers
+
+    torch.manual_seed(0)
+    return spread_weights(getattr(transformers, cls_name)(config, **kwargs))
 
 
 FAMILIES = [
