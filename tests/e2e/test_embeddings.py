@@ -6,7 +6,6 @@ import base64
 
 import httpx
 import numpy as np
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.corpus import sentences

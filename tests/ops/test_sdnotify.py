@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from common import sdnotify
-from tests.ops.conftest import WATCHDOG_S, NotifySocket, wait_for_ready_children
+from tests.ops.conftest import WATCHDOG_S, wait_for_ready_children
 
 
 def receive(sock: socket.socket) -> str:
