@@ -8,7 +8,7 @@ from starlette.responses import Response
 from frontend.http import json_response, parse, read_json
 from frontend.quantize import encode_rows
 from frontend.schemas import EmbeddingRequest, EmbedRequest
-from frontend.service import Service, record_stages
+from frontend.service import Service
 
 
 def openai_embeddings(service: Service):
@@ -22,7 +22,6 @@ def openai_embeddings(service: Service):
             prompt_name=req.prompt_name, instruction=req.instruction, normalize=service.info.normalize,
             dimensions=req.dimensions, encoding_format=req.encoding_format, param="input",
         )
-        record_stages(route, result.timings)
         data = [{"object": "embedding", "index": i, "embedding": value}
                 for i, value in enumerate(encode_rows(result.rows, req.encoding_format))]
         body = {
@@ -46,7 +45,6 @@ def tei_embed(service: Service):
             prompt_name=req.prompt_name, instruction=req.instruction, normalize=req.normalize,
             dimensions=req.dimensions, param="inputs",
         )
-        record_stages(route, result.timings)
         return json_response(result.rows, headers=result.timings.headers())
 
     return route, handler

@@ -17,7 +17,7 @@ from frontend.errors import APIError
 from frontend.http import json_response, parse, read_json
 from frontend.schemas import CohereRerankRequest, PredictRequest, RerankRequest, ScoreRequest
 from frontend.scores import ranking
-from frontend.service import Service, record_stages
+from frontend.service import Service
 from frontend.tokenization import TextInput
 
 
@@ -29,7 +29,6 @@ def tei_rerank(service: Service):
         result = await service.score(req.query, req.texts, route=route, truncate=req.truncate,
                                      direction=req.truncation_direction, raw_scores=req.raw_scores,
                                      instruction=req.instruction, param="texts")
-        record_stages(route, result.timings)
         ranks = []
         for index in ranking(result.values):
             rank = {"index": index, "score": float(result.values[index])}
@@ -51,7 +50,6 @@ def cohere_rerank(service: Service):
         texts = [doc if isinstance(doc, str) else doc.text for doc in req.documents]
         result = await service.score(req.query, texts, route=route, truncate=req.truncate, direction="right",
                                      raw_scores=False, instruction=req.instruction, param="documents")
-        record_stages(route, result.timings)
         order = ranking(result.values)
         if req.top_n:
             order = order[: req.top_n]
@@ -93,7 +91,6 @@ def vllm_score(service: Service):
         queries, documents = score_pairs(req.text_1, req.text_2)
         result = await service.score(queries, documents, route=route, truncate=req.truncate, direction="right",
                                      raw_scores=req.raw_scores, instruction=req.instruction, param="text_2")
-        record_stages(route, result.timings)
         body = {
             "id": f"score-{uuid.uuid4().hex}",
             "object": "list",
@@ -139,7 +136,6 @@ def tei_predict(service: Service):
         items, batched = predict_inputs(req.inputs)
         result = await service.classify(items, route=route, truncate=req.truncate, direction=req.truncation_direction,
                                         raw_scores=req.raw_scores, param="inputs")
-        record_stages(route, result.timings)
         labels = service.info.id2label
         predictions = [
             [{"score": float(row[i]), "label": labels.get(i, f"LABEL_{i}")} for i in ranking(row)]

@@ -40,7 +40,7 @@ class Scores:
     timings: Timings
 
 
-def record_stages(route: str, timings: Timings) -> None:
+def _record_stages(route: str, timings: Timings) -> None:
     for stage, seconds in (("tokenization", timings.tokenization_s), ("queue", timings.queue_s),
                            ("inference", timings.inference_s)):
         metrics.STAGE_SECONDS.labels(route, stage).observe(seconds)
@@ -189,6 +189,7 @@ class Service:
         seqs = await self.tokenize(inputs, truncate, direction, prompt_name, param, timings, instruction)
         self._observe(route, seqs)
         rows = await self.pipeline.run(seqs, TASK_EMBED, normalize, timings)
+        _record_stages(route, timings)
         return Embeddings(matryoshka(rows, dimensions, normalize), seqs.num_tokens, timings)
 
     async def score(self, query: str | list[str], documents: list[str], *, route: str, truncate: bool | None,
@@ -208,6 +209,7 @@ class Service:
         timings.tokenization_s = time.monotonic() - started
         self._observe(route, seqs)
         logits = (await self.pipeline.run(seqs, TASK_SCORE, False, timings))[:, 0]
+        _record_stages(route, timings)
         values = logits if raw_scores else sigmoid(logits)
         return Scores(values, seqs.num_tokens, timings)
 
@@ -227,6 +229,7 @@ class Service:
         timings.tokenization_s = time.monotonic() - started
         self._observe(route, seqs)
         logits = await self.pipeline.run(seqs, TASK_CLASSIFY, False, timings)
+        _record_stages(route, timings)
         if raw_scores:
             values = logits
         else:

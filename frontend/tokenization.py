@@ -46,12 +46,11 @@ class Sequences:
 
     @staticmethod
     def from_lists(ids: list[list[int]], types: list[list[int]] | None = None) -> "Sequences":
+        def flat(lists: list[list[int]]) -> np.ndarray:
+            return np.concatenate([np.asarray(x, dtype=np.int32) for x in lists])
+
         lens = np.fromiter((len(x) for x in ids), dtype=np.int32, count=len(ids))
-        flat = np.fromiter((t for seq in ids for t in seq), dtype=np.int64, count=int(lens.sum()))
-        flat_types = None
-        if types is not None:
-            flat_types = np.fromiter((t for seq in types for t in seq), dtype=np.int32, count=int(lens.sum()))
-        return Sequences(flat.astype(np.int32), lens, flat_types)
+        return Sequences(flat(ids), lens, flat(types) if types is not None else None)
 
 
 def _normalise_direction(direction: str) -> str:

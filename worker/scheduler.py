@@ -148,26 +148,20 @@ class Scheduler:
 
     @staticmethod
     def _assemble(refs: list[SequenceRef]) -> Batch:
+        def rows_of(ref: SequenceRef, name: str) -> np.ndarray:
+            array = getattr(ref.job.chunk, name)
+            if array is None:  # a chunk without segment ids batched with one that has them
+                return np.zeros(ref.length, dtype=np.int32)
+            return array[ref.job.offsets[ref.row]:ref.job.offsets[ref.row + 1]]
+
         def gather(name: str) -> np.ndarray:
-            parts = []
-            for ref in refs:
-                lo, hi = ref.job.offsets[ref.row], ref.job.offsets[ref.row + 1]
-                parts.append(getattr(ref.job.chunk, name)[lo:hi])
-            return np.concatenate(parts).astype(np.int32, copy=False)
+            return np.concatenate([rows_of(ref, name) for ref in refs]).astype(np.int32, copy=False)
 
         with_types = any(ref.job.chunk.has_token_types for ref in refs)
-        if with_types and not all(ref.job.chunk.has_token_types for ref in refs):
-            types = np.concatenate([
-                ref.job.chunk.token_type_ids[ref.job.offsets[ref.row]:ref.job.offsets[ref.row + 1]]
-                if ref.job.chunk.has_token_types else np.zeros(ref.length, dtype=np.int32)
-                for ref in refs
-            ])
-        else:
-            types = gather("token_type_ids") if with_types else None
         return Batch(
             input_ids=gather("input_ids"),
             seq_lens=np.fromiter((ref.length for ref in refs), dtype=np.int32, count=len(refs)),
-            token_type_ids=types,
+            token_type_ids=gather("token_type_ids") if with_types else None,
             normalize=np.fromiter((ref.job.chunk.normalize for ref in refs), dtype=bool, count=len(refs)),
         )
 
@@ -181,7 +175,7 @@ class Scheduler:
     def finish(self, flight: InFlightBatch) -> None:
         """Wait for a launched batch, copy its rows into their chunks, answer the finished chunks."""
         try:
-            rows = flight.lazy.wait()
+            rows = flight.lazy.wait(copy=False)  # read in place: _scatter copies each row to its chunk
             self._scatter(rows, flight)
         finally:
             flight.lazy.release()
