@@ -75,6 +75,8 @@ def create_app(settings: FrontendSettings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await client.start()
+        if not await client.wait_for_broker(settings.liveness_window_s):
+            log.warning("the broker at %s has not answered yet; answering 503 until it does", settings.broker)
         log.info("frontend serving %s (%s) through broker %s", service.model_name, info.kind, settings.broker)
         yield
         await client.close()

@@ -78,12 +78,13 @@ class BrokerClient:
         send(self.sock, Heartbeat())
         self._tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._heartbeat_loop())]
 
-    async def wait_ready(self, timeout_s: float) -> bool:
-        """Wait until the broker reports a live worker, or the timeout passes."""
+    async def wait_for_broker(self, timeout_s: float) -> bool:
+        """Wait until the broker has answered once (its reply says how many workers are live), or the
+        timeout passes; a frontend that served before that would answer 503 to its first requests."""
         end = time.monotonic() + timeout_s
-        while not self.healthy and time.monotonic() < end:
-            await asyncio.sleep(0.05)
-        return self.healthy
+        while not self.broker_alive and time.monotonic() < end:
+            await asyncio.sleep(0.005)
+        return self.broker_alive
 
     async def close(self) -> None:
         for task in self._tasks:

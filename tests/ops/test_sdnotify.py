@@ -99,7 +99,7 @@ class BlockingEngine:
     def step(self, batch):
         self.hold.wait()
         rows = np.ones((batch.num_seqs, 4), dtype=np.float32)
-        return types.SimpleNamespace(wait=lambda: rows, release=lambda: None)
+        return types.SimpleNamespace(wait=lambda copy=True: rows, release=lambda: None)
 
 
 def test_the_scheduler_loop_pets_the_watchdog_and_stops_when_it_hangs(path_socket):
