@@ -12,7 +12,7 @@ TORCH ?= torch==2.13.0
 $(STAMP): setup.cfg pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH)" || $(PY) -m pip install -q torch
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test]' -e ./bench
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.http_client import HttpSession
+from quiver.bench.http_client import HttpSession
 
 Inputs = list[str] | list[list[int]]
 

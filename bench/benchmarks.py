@@ -12,11 +12,11 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol
 
 import numpy as np
 
-from bench.config import BenchConfig
-from bench.inprocess import Unsupported
-from bench.measure import Measurement, drive, percentiles
-from bench.targets import Call, RequestFailed, Target
-from bench.workloads import Workloads
+from quiver.bench.config import BenchConfig
+from quiver.bench.inprocess import Unsupported
+from quiver.bench.measure import Measurement, drive, percentiles
+from quiver.bench.targets import Call, RequestFailed, Target
+from quiver.bench.workloads import Workloads
 
 Entry = dict[str, Any]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench.config import add_options, config_from_args
+from quiver.bench.config import add_options, config_from_args
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -29,6 +29,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"quiver bench: {exc}", file=sys.stderr)
         return 2
-    from bench.suite import run_suite
+    from quiver.bench.suite import run_suite
 
     return run_suite(config)

@@ -4,7 +4,7 @@ Serves the packaged all-MiniLM-L6-v2 with N CPU workers (one thread each), sends
 real sentences of about 30 tokens to /v1/embeddings, and times the same sentences through
 sentence-transformers' encode() in this process (as many threads as the workers have in all).
 
-    python -m bench.cpu_serve [--workers 2] [--texts 512] [--tokens 30] [--repeats 5]
+    python -m quiver.bench.cpu_serve [--workers 2] [--texts 512] [--tokens 30] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import time
 import httpx
 import numpy as np
 
-from bench.corpus import TokenCorpus
-from common.model_info import default_model_dir
+from quiver.bench.corpus import TokenCorpus
+from quiver.common.model_info import default_model_dir
 
 
 def _free_port() -> int:

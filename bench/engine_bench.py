@@ -6,7 +6,7 @@ batch-1 latency (p50/p90/p99/max, host clock around step() + wait()) at 128, 512
 throughput (embeddings/s, two steps in flight) at 100x512, 100x1024 and 25x4096; writes a JSON file and
 prints a Markdown table.
 
-    python -m bench.engine_bench --out results.json [--ckpt-dir DIR] [--device cuda]
+    python -m quiver.bench.engine_bench --out results.json [--ckpt-dir DIR] [--device cuda]
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.engine.checkpoints import BENCH_MODELS, ensure_bench_checkpoint, load_reference
-from worker.engine import Batch, Engine, load_engine
+from quiver.bench.engine.checkpoints import BENCH_MODELS, ensure_bench_checkpoint, load_reference
+from quiver.worker.engine import Batch, Engine, load_engine
 
 LATENCY_LENGTHS = (128, 512, 4096)
 THROUGHPUT_WORKLOADS = ((100, 512), (100, 1024), (25, 4096))
@@ -159,7 +159,9 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         model = load_reference(path, args.device, torch.bfloat16 if args.device == "cuda" else torch.float32)
         with torch.inference_mode():
             hf_check = hf_embed(model, torch.tensor(check_ids[None], dtype=torch.long, device=args.device), pooling)
-        result["hf_latency_ms"] = {n: percentiles(hf_latency(model, pooling, n, args.hf_iters, vocab, args.device)) for n in lengths}
+        result["hf_latency_ms"] = {
+            n: percentiles(hf_latency(model, pooling, n, args.hf_iters, vocab, args.device)) for n in lengths
+        }
         print(f"{name} transformers latency {result['hf_latency_ms']}", flush=True)
         result["hf_throughput"] = {
             f"{c}x{n}": round(hf_throughput(model, pooling, c, n, args.batch_tokens, vocab, args.device), 1)

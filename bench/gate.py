@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.inprocess import TransformersRunner
-from bench.targets import HttpTarget
+from quiver.bench.inprocess import TransformersRunner
+from quiver.bench.targets import HttpTarget
 
 
 class GateFailed(RuntimeError):

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from bench.engine.checkpoints import load_reference, make_bidirectional
-from common.model_info import DECODER_TYPES, KIND_CLASSIFIER, KIND_EMBEDDING, ModelInfo
+from quiver.bench.engine.checkpoints import load_reference, make_bidirectional
+from quiver.common.model_info import DECODER_TYPES, KIND_CLASSIFIER, KIND_EMBEDDING, ModelInfo
 
 def quiet_transformers() -> None:
     """No "Loading weights" progress bars from transformers in the benchmark's output."""

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from bench.targets import Call
+from quiver.bench.targets import Call
 
 
 @dataclass

@@ -6,7 +6,7 @@ batch to reading its rows (x-inference-time) and its queueing (x-queue-time). Th
 frontend's time is parsing, chunking and the ZeroMQ hops through the broker; the rest of the
 client's time is HTTP. Optionally times the same batches on the engine alone, in this process.
 
-    python -m bench.path_breakdown --url http://127.0.0.1:8080 --model DIR [--engine-device cuda]
+    python -m quiver.bench.path_breakdown --url http://127.0.0.1:8080 --model DIR [--engine-device cuda]
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def time_server(url: str, lengths: list[int], vocab: int, requests: int) -> dict
 
 
 def time_engine(model: str, device: str, lengths: list[int], vocab: int, requests: int) -> dict[int, float]:
-    from worker.engine import Batch, load_engine
+    from quiver.worker.engine import Batch, load_engine
 
     engine = load_engine(model, device=device)
     rng = np.random.default_rng(0)
@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--engine-device", default="", help="also time the engine alone on this device")
     args = parser.parse_args()
-    from common.model_info import load_model_info
+    from quiver.common.model_info import load_model_info
 
     info = load_model_info(args.model)
     lengths = [n for n in (int(x) for x in args.lengths.split(",")) if n <= info.max_input_length]

@@ -9,7 +9,7 @@ is POST /rerank (tokenize, score, sigmoid, sort); a transformers request tokeniz
 padded batch, takes the sigmoid and sorts. Both are timed end to end on the host clock, one request at
 a time, after warm-up (Quiver captures a CUDA graph the second time it sees a shape).
 
-    python -m bench.score_bench OUT.json [--device cuda] [--iters 200] [--url http://HOST:PORT]
+    python -m quiver.bench.score_bench OUT.json [--device cuda] [--iters 200] [--url http://HOST:PORT]
 
 Without --url the script starts `quiver serve` on the checkpoint itself (after the transformers runs,
 so that the two never share the GPU), and stops it at the end. With --url, the server must already
@@ -34,7 +34,7 @@ import httpx
 import numpy as np
 import torch
 
-from bench.engine.checkpoints import xlmr_large_config
+from quiver.bench.engine.checkpoints import xlmr_large_config
 
 DOC_COUNTS = (5, 25, 50)
 DOC_TOKENS = 512

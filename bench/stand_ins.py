@@ -6,7 +6,7 @@ XLM-R's padding id, which shifts XLM-R's position ids in transformers — so eac
 byte-level BPE tokenizer trained on the benchmark corpus instead: real text then becomes varied ids,
 and the special tokens take XLM-R's ids (<s>=0, <pad>=1, </s>=2, <unk>=3).
 
-    python -m bench.stand_ins --root /tmp/ckpts pplx-embed-0.6b-shape bge-m3-shape   # prints the paths
+    python -m quiver.bench.stand_ins --root /tmp/ckpts pplx-embed-0.6b-shape bge-m3-shape   # prints the paths
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import stdlib_documents
-from bench.engine.checkpoints import ensure_bench_checkpoint, save_checkpoint, xlmr_large_config
+from quiver.bench.corpus import stdlib_documents
+from quiver.bench.engine.checkpoints import ensure_bench_checkpoint, save_checkpoint, xlmr_large_config
 
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>"]
 TOKENIZER_VOCAB = 32000

@@ -21,19 +21,19 @@ from urllib.parse import urlparse
 
 import torch
 
-from bench.api import ServerApi, detect_api, get_json
-from bench.benchmarks import BenchmarkRun, Progress, collapse
-from bench.config import BenchConfig
-from bench.corpus import SCORING_QUERY, TokenCorpus
-from bench.gate import GateFailed, GateInputs, check_embeddings, check_scores
-from bench.http_client import HttpSession, open_session
-from bench.inprocess import (
+from quiver.bench.api import ServerApi, detect_api, get_json
+from quiver.bench.benchmarks import BenchmarkRun, Progress, collapse
+from quiver.bench.config import BenchConfig
+from quiver.bench.corpus import SCORING_QUERY, TokenCorpus
+from quiver.bench.gate import GateFailed, GateInputs, check_embeddings, check_scores
+from quiver.bench.http_client import HttpSession, open_session
+from quiver.bench.inprocess import (
     SentenceTransformersRunner, TransformersRunner, Unsupported, default_device, default_dtype,
 )
-from bench.report import markdown, write_json, write_plots
-from bench.targets import HttpTarget, InProcessTarget, RequestFailed, Target
-from bench.workloads import ServerFacts, Workloads, build_workloads
-from common.model_info import KIND_CLASSIFIER, KIND_EMBEDDING, ModelError, ModelInfo, default_model_dir, load_model_info
+from quiver.bench.report import markdown, write_json, write_plots
+from quiver.bench.targets import HttpTarget, InProcessTarget, RequestFailed, Target
+from quiver.bench.workloads import ServerFacts, Workloads, build_workloads
+from quiver.common.model_info import KIND_CLASSIFIER, KIND_EMBEDDING, ModelError, ModelInfo, default_model_dir, load_model_info
 
 GATE_TEXTS = 8
 GATE_DOCUMENTS = 4

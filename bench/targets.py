@@ -11,9 +11,9 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
-from bench.api import ServerApi
-from bench.http_client import HttpSession
-from bench.inprocess import Unsupported
+from quiver.bench.api import ServerApi
+from quiver.bench.http_client import HttpSession
+from quiver.bench.inprocess import Unsupported
 
 Call = Callable[[], Awaitable[Any]]
 

@@ -11,8 +11,8 @@ from itertools import cycle, islice
 
 import numpy as np
 
-from bench.config import BenchConfig
-from bench.corpus import SCORING_QUERY, TokenCorpus
+from quiver.bench.config import BenchConfig
+from quiver.bench.corpus import SCORING_QUERY, TokenCorpus
 
 # Distinct inputs kept per benchmark setting; requests cycle through them.
 LATENCY_POOL = 64
@@ -31,7 +31,7 @@ class ServerFacts:
     max_inflight_tokens: int = 2_000_000
 
     @staticmethod
-    def from_info(info: dict) -> "ServerFacts":
+    def from_info(info: dict) -> ServerFacts:
         limits = info.get("limits") or {}
         defaults = ServerFacts("", 0)
         return ServerFacts(

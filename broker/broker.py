@@ -14,15 +14,15 @@ import time
 
 import zmq
 
-from broker import metrics
-from broker.dispatch import Dispatcher, PendingChunk, QueueFull, WorkerState
-from common.config import BrokerSettings
-from common.protocol import (
+from quiver.broker import metrics
+from quiver.broker.dispatch import Dispatcher, PendingChunk, QueueFull, WorkerState
+from quiver.common.config import BrokerSettings
+from quiver.common.protocol import (
     PROTOCOL_VERSION, Cancel, Chunk, Disconnect, Error, ErrorCode, Heartbeat, ProtocolError, Ready,
     Reconnect, Result,
 )
-from common.security import CurveServer, SecurityError, check_exposure
-from common.transport import make_socket, recv_routed, send
+from quiver.common.security import CurveServer, SecurityError, check_exposure
+from quiver.common.transport import make_socket, recv_routed, send
 
 log = logging.getLogger("quiver.broker")
 
@@ -265,8 +265,8 @@ class Broker:
 
 def run_broker(settings: BrokerSettings) -> int:
     """Entry point of `quiver broker`: bind, serve until SIGINT/SIGTERM, exit 0."""
-    from common import sdnotify
-    from common.metrics import serve_metrics
+    from quiver.common import sdnotify
+    from quiver.common.metrics import serve_metrics
 
     try:
         broker = Broker(settings)

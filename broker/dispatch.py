@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from common.protocol import Chunk
+from quiver.common.protocol import Chunk
 
 
 @dataclass

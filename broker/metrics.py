@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from common.metrics import LoopBeat, define
-from common.protocol import ErrorCode
+from quiver.common.metrics import LoopBeat, define
+from quiver.common.protocol import ErrorCode
 
 CHUNKS_RECEIVED = define("quiver_broker_chunks_received_total")
 DISPATCHES = define("quiver_broker_dispatches_total")

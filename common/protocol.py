@@ -115,7 +115,7 @@ class Message:
         """Raise ProtocolError when a field is missing, mistyped or out of bounds."""
 
     @classmethod
-    def from_parts(cls, header: dict[str, Any], arrays: list[bytes | memoryview]) -> "Message":
+    def from_parts(cls, header: dict[str, Any], arrays: list[bytes | memoryview]) -> Message:
         if arrays:
             raise ProtocolError(f"{cls.TYPE.name} carries no array frames")
         return cls(**header)
@@ -242,7 +242,7 @@ class Chunk(Message):
         _check_int("attempt", h.get("attempt", 0), 0, 1000)
 
     @classmethod
-    def from_parts(cls, header: dict[str, Any], arrays: list[bytes | memoryview]) -> "Chunk":
+    def from_parts(cls, header: dict[str, Any], arrays: list[bytes | memoryview]) -> Chunk:
         expected = 3 if header.get("has_token_types") else 2
         if len(arrays) != expected:
             raise ProtocolError(f"CHUNK needs {expected} array frames, got {len(arrays)}")
@@ -283,7 +283,7 @@ class Result(Message):
         _check_str("worker", h.get("worker", ""))
 
     @classmethod
-    def from_parts(cls, header: dict[str, Any], arrays: list[bytes | memoryview]) -> "Result":
+    def from_parts(cls, header: dict[str, Any], arrays: list[bytes | memoryview]) -> Result:
         if len(arrays) != 1:
             raise ProtocolError(f"RESULT needs 1 array frame, got {len(arrays)}")
         count = header["num_seqs"] * header["dim"]

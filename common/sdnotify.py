@@ -80,7 +80,7 @@ class Watchdog:
         self.sent = 0
 
     @classmethod
-    def from_environment(cls) -> "Watchdog":
+    def from_environment(cls) -> Watchdog:
         return cls(watchdog_interval_s())
 
     @property

@@ -6,7 +6,7 @@ from typing import Any
 
 import zmq
 
-from common.protocol import Message, decode, split_identity
+from quiver.common.protocol import Message, decode, split_identity
 
 HIGH_WATER_MARK = 100_000
 

@@ -17,15 +17,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from common.config import FrontendSettings
-from common.model_info import default_model_dir, load_model_info
-from common.security import client_from
-from frontend.broker_client import BrokerClient
-from frontend.errors import APIError, render
-from frontend.http import endpoint, json_response
-from frontend.openapi import build_openapi
-from frontend import routes_embed, routes_meta, routes_score
-from frontend.service import Service
+from quiver.common.config import FrontendSettings
+from quiver.common.model_info import default_model_dir, load_model_info
+from quiver.common.security import client_from
+from quiver.frontend.broker_client import BrokerClient
+from quiver.frontend.errors import APIError, render
+from quiver.frontend.http import endpoint, json_response
+from quiver.frontend.openapi import build_openapi
+from quiver.frontend import routes_embed, routes_meta, routes_score
+from quiver.frontend.service import Service
 
 log = logging.getLogger("quiver.frontend")
 

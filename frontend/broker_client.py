@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from common.protocol import Cancel, Chunk, Disconnect, Error, Heartbeat, ProtocolError, Result, decode
-from common.security import CurveClient
-from common.transport import make_socket, send
-from frontend import metrics
+from quiver.common.protocol import Cancel, Chunk, Disconnect, Error, Heartbeat, ProtocolError, Result, decode
+from quiver.common.security import CurveClient
+from quiver.common.transport import make_socket, send
+from quiver.frontend import metrics
 
 log = logging.getLogger("quiver.frontend.broker")
 

@@ -18,8 +18,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from frontend import metrics
-from frontend.errors import APIError, render
+from quiver.frontend import metrics
+from quiver.frontend.errors import APIError, render
 
 log = logging.getLogger("quiver.frontend")
 

@@ -7,7 +7,7 @@ combines as its contract entry says.
 
 from __future__ import annotations
 
-from common.metrics import define
+from quiver.common.metrics import define
 
 REQUESTS = define("quiver_requests_total")
 FAILURES = define("quiver_request_failures_total")

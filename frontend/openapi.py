@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from common.version import __version__
-from frontend import schemas
+from quiver.common.version import __version__
+from quiver.frontend import schemas
 
 # path -> (method, summary, request model or None, response schema, error model)
 ROUTES: dict[str, tuple[str, str, type[BaseModel] | None, Any, type[BaseModel]]] = {

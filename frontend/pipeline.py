@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.config import FrontendSettings
-from common.protocol import Chunk, ErrorCode
-from frontend import metrics
-from frontend.broker_client import BrokerClient, ChunkFailed
-from frontend.errors import APIError
-from frontend.tokenization import Sequences
+from quiver.common.config import FrontendSettings
+from quiver.common.protocol import Chunk, ErrorCode
+from quiver.frontend import metrics
+from quiver.frontend.broker_client import BrokerClient, ChunkFailed
+from quiver.frontend.errors import APIError
+from quiver.frontend.tokenization import Sequences
 
 RETRY_AFTER_S = "1"
 

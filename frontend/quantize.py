@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from common.model_info import QUANTIZER_TANH
+from quiver.common.model_info import QUANTIZER_TANH
 
 FLOAT_FORMATS = ("float", "base64")
 QUANTIZED_FORMATS = ("int8", "binary", "ubinary")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from frontend.http import json_response, parse, read_json
-from frontend.quantize import encode_rows
-from frontend.schemas import EmbeddingRequest, EmbedRequest
-from frontend.service import Service
+from quiver.frontend.http import json_response, parse, read_json
+from quiver.frontend.quantize import encode_rows
+from quiver.frontend.schemas import EmbeddingRequest, EmbedRequest
+from quiver.frontend.service import Service
 
 
 def openai_embeddings(service: Service):

@@ -6,13 +6,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
 
-from common.model_info import KIND_EMBEDDING
-from common.version import __version__
-from frontend.errors import APIError
-from frontend.http import json_response, parse, read_json
-from frontend.quantize import formats_for
-from frontend.schemas import TokenizeRequest
-from frontend.service import Service
+from quiver.common.model_info import KIND_EMBEDDING
+from quiver.common.version import __version__
+from quiver.frontend.errors import APIError
+from quiver.frontend.http import json_response, parse, read_json
+from quiver.frontend.quantize import formats_for
+from quiver.frontend.schemas import TokenizeRequest
+from quiver.frontend.service import Service
 
 
 def health(service: Service):

@@ -13,12 +13,12 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import Response
 
-from frontend.errors import APIError
-from frontend.http import json_response, parse, read_json
-from frontend.schemas import CohereRerankRequest, PredictRequest, RerankRequest, ScoreRequest
-from frontend.scores import ranking
-from frontend.service import Service
-from frontend.tokenization import TextInput
+from quiver.frontend.errors import APIError
+from quiver.frontend.http import json_response, parse, read_json
+from quiver.frontend.schemas import CohereRerankRequest, PredictRequest, RerankRequest, ScoreRequest
+from quiver.frontend.scores import ranking
+from quiver.frontend.service import Service
+from quiver.frontend.tokenization import TextInput
 
 
 def tei_rerank(service: Service):

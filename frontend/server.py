@@ -19,9 +19,9 @@ import tempfile
 
 import uvicorn
 
-from common import sdnotify
-from common.config import FrontendSettings
-from common.model_info import EXIT_MODEL_ERROR, ModelError
+from quiver.common import sdnotify
+from quiver.common.config import FrontendSettings
+from quiver.common.model_info import EXIT_MODEL_ERROR, ModelError
 
 log = logging.getLogger("quiver.frontend")
 
@@ -30,7 +30,7 @@ SETTINGS_ENV = "QUIVER_FRONTEND_SETTINGS"
 
 def app_from_environment():
     """uvicorn's factory in each process of a multi-process frontend."""
-    from frontend.app import create_app
+    from quiver.frontend.app import create_app
 
     app = create_app(FrontendSettings(**json.loads(os.environ[SETTINGS_ENV])))
     inner = app.router.lifespan_context
@@ -83,7 +83,7 @@ def run_frontend(settings: FrontendSettings) -> int:
     if settings.tokenizer_threads > 0:
         os.environ["RAYON_NUM_THREADS"] = str(settings.tokenizer_threads)
     made = _metrics_directory(settings.http_processes)
-    from frontend.app import create_app
+    from quiver.frontend.app import create_app
 
     log_level = settings.log_level.lower()
     if settings.http_processes <= 1:
@@ -101,7 +101,7 @@ def run_frontend(settings: FrontendSettings) -> int:
         return 0
     os.environ[SETTINGS_ENV] = json.dumps(dataclasses.asdict(settings))
     try:
-        uvicorn.run("frontend.server:app_from_environment", factory=True, host=settings.host, port=settings.port,
+        uvicorn.run("quiver.frontend.server:app_from_environment", factory=True, host=settings.host, port=settings.port,
                     workers=settings.http_processes, log_level=log_level, access_log=False, log_config=None,
                     timeout_graceful_shutdown=5)
     finally:

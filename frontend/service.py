@@ -13,17 +13,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.config import FrontendSettings
-from common.model_info import KIND_CLASSIFIER, KIND_EMBEDDING, KIND_RERANKER, ModelInfo
-from common.protocol import TASK_CLASSIFY, TASK_EMBED, TASK_SCORE
-from frontend import metrics
-from frontend.broker_client import BrokerClient
-from frontend.errors import APIError
-from frontend.pipeline import Pipeline, Timings
-from frontend.quantize import formats_for
-from frontend.scores import sigmoid, softmax
-from frontend.templates import DEFAULT_RERANK_INSTRUCTION, QWEN3_RERANKER, with_instruction
-from frontend.tokenization import Sequences, TextInput, TextTokenizer
+from quiver.common.config import FrontendSettings
+from quiver.common.model_info import KIND_CLASSIFIER, KIND_EMBEDDING, KIND_RERANKER, ModelInfo
+from quiver.common.protocol import TASK_CLASSIFY, TASK_EMBED, TASK_SCORE
+from quiver.frontend import metrics
+from quiver.frontend.broker_client import BrokerClient
+from quiver.frontend.errors import APIError
+from quiver.frontend.pipeline import Pipeline, Timings
+from quiver.frontend.quantize import formats_for
+from quiver.frontend.scores import sigmoid, softmax
+from quiver.frontend.templates import DEFAULT_RERANK_INSTRUCTION, QWEN3_RERANKER, with_instruction
+from quiver.frontend.tokenization import Sequences, TextInput, TextTokenizer
 
 
 @dataclass

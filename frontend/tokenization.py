@@ -18,8 +18,8 @@ from typing import Callable, TypeVar, Union
 import numpy as np
 from tokenizers import Tokenizer
 
-from common.model_info import ModelInfo
-from frontend.errors import APIError
+from quiver.common.model_info import ModelInfo
+from quiver.frontend.errors import APIError
 
 # Above this many characters in one call, tokenization leaves the event loop for a thread.
 THREAD_THRESHOLD_CHARS = 4096
@@ -45,7 +45,7 @@ class Sequences:
         return int(self.input_ids.shape[0])
 
     @staticmethod
-    def from_lists(ids: list[list[int]], types: list[list[int]] | None = None) -> "Sequences":
+    def from_lists(ids: list[list[int]], types: list[list[int]] | None = None) -> Sequences:
         def flat(lists: list[list[int]]) -> np.ndarray:
             return np.concatenate([np.asarray(x, dtype=np.int32) for x in lists])
 

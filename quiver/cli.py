@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib.metadata import entry_points
 from typing import Callable
 
-from common.config import (
+from quiver.common.config import (
     BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, add_arguments, from_namespace,
 )
-from common.logs import setup_logging
-from common.version import __version__
+from quiver.common.logs import setup_logging
+from quiver.common.version import __version__
 
 
 def _broker(args: argparse.Namespace) -> int:
-    from broker.broker import run_broker
+    from quiver.broker.broker import run_broker
 
     settings = from_namespace(BrokerSettings, args)
     setup_logging(settings.log_level, "broker")
@@ -23,7 +24,7 @@ def _broker(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from worker.main import run_worker
+    from quiver.worker.main import run_worker
 
     settings = from_namespace(WorkerSettings, args)
     setup_logging(settings.log_level, f"worker:{settings.name or settings.device}")
@@ -31,7 +32,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _frontend(args: argparse.Namespace) -> int:
-    from frontend.server import run_frontend
+    from quiver.frontend.server import run_frontend
 
     settings = from_namespace(FrontendSettings, args)
     setup_logging(settings.log_level, "frontend")
@@ -39,7 +40,7 @@ def _frontend(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from common.security import make_keys
+    from quiver.common.security import make_keys
 
     public, secret = make_keys(args.dir, args.name)
     print(f"public key (give it to peers): {public}\nsecret key (keep it here):     {secret}")
@@ -53,6 +54,8 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(settings.log_level, "serve")
     return Supervisor(settings).run()
 
+
+COMMANDS_GROUP = "quiver.commands"  # entry points that add a subcommand: fn(subparsers)
 
 ROLES: dict[str, tuple[type, Callable[[argparse.Namespace], int], str, frozenset[str]]] = {
     "serve": (ServeSettings, _serve, "start broker, workers and frontend on this host and supervise them",
@@ -75,13 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("--dir", default=".", help="directory to write the key files into")
     keys.add_argument("--name", required=True, help="the key pair's name, e.g. broker or worker-gpu3")
     keys.set_defaults(run=_keys)
-    try:
-        from bench.cli import add_bench_parser
-    except ModuleNotFoundError as exc:
-        if exc.name != "bench.cli":
-            raise
-    else:
-        add_bench_parser(commands)
+    for command in entry_points(group=COMMANDS_GROUP):  # e.g. `bench`, from the quiver-bench distribution
+        command.load()(commands)
     return parser
 
 

@@ -18,8 +18,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from common.config import BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, to_argv
-from common.model_info import EXIT_MODEL_ERROR, ModelError, default_model_dir, load_model_info
+from quiver.common.config import BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, to_argv
+from quiver.common.model_info import EXIT_MODEL_ERROR, ModelError, default_model_dir, load_model_info
 
 log = logging.getLogger("quiver.serve")
 

@@ -134,7 +134,7 @@ class Cluster:
         proc.start(self._env())
         return proc
 
-    def start(self, timeout: float = 90.0) -> "Cluster":
+    def start(self, timeout: float = 90.0) -> Cluster:
         self.start_broker()
         for _ in range(self.workers):
             self.start_worker()
@@ -177,7 +177,7 @@ class Cluster:
                 proc.signal(signal.SIGKILL)
                 proc.wait(5)
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

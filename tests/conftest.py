@@ -46,6 +46,6 @@ def st_model():
     """sentence-transformers' own encoder of the packaged model: the numerical reference."""
     from sentence_transformers import SentenceTransformer
 
-    from common.model_info import default_model_dir
+    from quiver.common.model_info import default_model_dir
 
     return SentenceTransformer(str(default_model_dir()), device="cpu")

@@ -66,7 +66,7 @@ class MixedLoad:
         self.report = LoadReport()
         self.threads: list[threading.Thread] = []
 
-    def start(self) -> "MixedLoad":
+    def start(self) -> MixedLoad:
         for index in range(self.clients):
             thread = threading.Thread(target=self._client, args=(self.seed + index,), daemon=True)
             thread.start()

@@ -14,7 +14,7 @@ import os
 import threading
 from typing import Any
 
-from worker.engine import Batch
+from quiver.worker.engine import Batch
 
 log = logging.getLogger("quiver.worker.faults")
 

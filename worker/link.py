@@ -18,10 +18,10 @@ from typing import Callable
 
 import zmq
 
-from common.config import WorkerSettings
-from common.protocol import Cancel, Chunk, Disconnect, Heartbeat, ProtocolError, Ready, Reconnect
-from common.security import client_from
-from common.transport import make_socket, recv, send, send_frames
+from quiver.common.config import WorkerSettings
+from quiver.common.protocol import Cancel, Chunk, Disconnect, Heartbeat, ProtocolError, Ready, Reconnect
+from quiver.common.security import client_from
+from quiver.common.transport import make_socket, recv, send, send_frames
 
 log = logging.getLogger("quiver.worker.link")
 
@@ -31,7 +31,7 @@ EXIT_STALLED = 70  # EX_SOFTWARE: the scheduler hung; a supervisor should start 
 
 class BrokerLink(threading.Thread):
     def __init__(self, ctx: zmq.Context, settings: WorkerSettings, ready: Ready,
-                 inbox: "queue.Queue[Chunk | Cancel]", outbox_endpoint: str,
+                 inbox: queue.Queue[Chunk | Cancel], outbox_endpoint: str,
                  stalled_for: Callable[[float], float]) -> None:
         super().__init__(name="broker-link", daemon=True)
         self.stalled_for = stalled_for

@@ -15,23 +15,23 @@ import threading
 
 import zmq
 
-from common import sdnotify
-from common.config import WorkerSettings
-from common.metrics import serve_metrics
-from common.model_info import EXIT_MODEL_ERROR, ModelError, default_model_dir, tasks_for_kind
-from common.protocol import PROTOCOL_VERSION, Ready
-from common.transport import make_socket, send
-from worker import metrics
-from worker.faults import with_injected_faults
-from worker.host_memory import limit_arenas
-from worker.link import BrokerLink
-from worker.scheduler import Scheduler
+from quiver.common import sdnotify
+from quiver.common.config import WorkerSettings
+from quiver.common.metrics import serve_metrics
+from quiver.common.model_info import EXIT_MODEL_ERROR, ModelError, default_model_dir, tasks_for_kind
+from quiver.common.protocol import PROTOCOL_VERSION, Ready
+from quiver.common.transport import make_socket, send
+from quiver.worker import metrics
+from quiver.worker.faults import with_injected_faults
+from quiver.worker.host_memory import limit_arenas
+from quiver.worker.link import BrokerLink
+from quiver.worker.scheduler import Scheduler
 
 log = logging.getLogger("quiver.worker")
 
 
 def run_worker(settings: WorkerSettings) -> int:
-    from worker.engine import load_engine  # torch is imported here, after the options are parsed
+    from quiver.worker.engine import load_engine  # torch is imported here, after the options are parsed
 
     if settings.device == "cpu":
         # oneDNN keeps compiled kernels for every matrix shape it meets (up to 1024 of them); ragged

@@ -16,8 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from common.metrics import CONTRACT, LoopBeat, MetricSpec, define
-from common.protocol import ErrorCode
+from quiver.common.metrics import CONTRACT, LoopBeat, MetricSpec, define
+from quiver.common.protocol import ErrorCode
 
 log = logging.getLogger("quiver.worker.metrics")
 
@@ -79,7 +79,7 @@ class EngineCollector(Collector):
                 break
             except RuntimeError:
                 continue
-            except Exception:  # noqa: BLE001 - a scrape must not take the worker down
+            except Exception:
                 log.exception("engine.stats() failed; serving its last values")
                 break
         return self.last_stats

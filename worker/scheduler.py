@@ -18,11 +18,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from common.model_info import tasks_for_kind
-from common.protocol import Cancel, Chunk, Error, ErrorCode, Message, Result
-from worker import metrics
-from worker.engine import Batch
-from worker.host_memory import TRIM_EVERY_STEPS, release_free_memory
+from quiver.common.model_info import tasks_for_kind
+from quiver.common.protocol import Cancel, Chunk, Error, ErrorCode, Message, Result
+from quiver.worker import metrics
+from quiver.worker.engine import Batch
+from quiver.worker.host_memory import TRIM_EVERY_STEPS, release_free_memory
 
 log = logging.getLogger("quiver.worker.scheduler")
 
@@ -218,7 +218,7 @@ class Scheduler:
                 continue
             try:
                 self.finish(self.launch(self._assemble(part), part))
-            except Exception as again:
+            except Exception as again:  # noqa: BLE001 - whatever the model raised fails these chunks only
                 if is_out_of_memory(again) and len(part) > 1:
                     self.recover(part, again)
                 else:
@@ -242,7 +242,7 @@ class Scheduler:
         self.send(Error(chunk_id=chunk_id, code=code.value, message=reason, worker=self.worker_name))
 
     # loop --------------------------------------------------------------------------------------
-    def run(self, inbox: "queue.Queue[Chunk | Cancel]", stop: threading.Event, drain: threading.Event) -> None:
+    def run(self, inbox: queue.Queue[Chunk | Cancel], stop: threading.Event, drain: threading.Event) -> None:
         """Serve until `stop`; after `drain`, finish what is held and return."""
         pending: InFlightBatch | None = None
         while not stop.is_set():
@@ -258,12 +258,12 @@ class Scheduler:
             if picked is not None:
                 try:
                     launched = self.launch(*picked)
-                except Exception as exc:  # a failing forward costs its batch at most, never the worker
+                except Exception as exc:  # noqa: BLE001 - a failing forward costs its batch at most, never the worker
                     self.recover(picked[1], exc)
             if pending is not None:
                 try:
                     self.finish(pending)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - as above
                     self.recover(pending.refs, exc)
             pending = launched
             metrics.QUEUE_DEPTH.set(len(self.pool))
@@ -280,7 +280,7 @@ class Scheduler:
         release_free_memory()
         self.trimmed_at_step = self.steps
 
-    def _absorb(self, inbox: "queue.Queue[Chunk | Cancel]", block: bool) -> None:
+    def _absorb(self, inbox: queue.Queue[Chunk | Cancel], block: bool) -> None:
         try:
             self.accept(inbox.get(timeout=IDLE_POLL_S) if block else inbox.get_nowait())
         except queue.Empty:

@@ -7,11 +7,11 @@ OUT=${OUT:-/tmp/quiver-out}
 mkdir -p "$OUT"
 start=$(date +%s)
 python3 bench/engine/device_check.py 2>&1 | tee "$OUT/device_check.log"
-timeout "${BENCH_TIMEOUT:-300}" python3 -m bench.engine_bench --out "$OUT/engine_bench.json" \
+timeout "${BENCH_TIMEOUT:-300}" python3 -m quiver.bench.engine_bench --out "$OUT/engine_bench.json" \
     --ckpt-dir "$QUIVER_ENGINE_CKPT_DIR" "$@" > "$OUT/engine_bench.log" 2>&1
 echo "bench exit $? after $(( $(date +%s) - start )) s"
 grep -v "Writing\|Loading" "$OUT/engine_bench.log" | grep -i "fusion probe\|start-up\|gpu memory\|latency\|launch\|throughput\|error\|Traceback\|^|" | tail -40
-timeout "${PROFILE_TIMEOUT:-90}" python3 -m bench.engine.profile_kernels --ckpt-dir "$QUIVER_ENGINE_CKPT_DIR" \
+timeout "${PROFILE_TIMEOUT:-90}" python3 -m quiver.bench.engine.profile_kernels --ckpt-dir "$QUIVER_ENGINE_CKPT_DIR" \
     > "$OUT/profile_kernels.log" 2>&1
 echo "profile exit $? after $(( $(date +%s) - start )) s"
 cat "$OUT/profile_kernels.log" | grep -v Warn | tail -60

@@ -7,15 +7,15 @@ cd "$(dirname "$0")/../.."
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-bench/out/diagnose}
 mkdir -p "$OUT"
-ckpt=$(python3 -m bench.stand_ins --root /tmp/quiver-diag "${1:-bge-m3-shape}" 2>/dev/null | tail -n 1)
+ckpt=$(python3 -m quiver.bench.stand_ins --root /tmp/quiver-diag "${1:-bge-m3-shape}" 2>/dev/null | tail -n 1)
 python3 -m quiver serve --model "$ckpt" --device cuda --port 18080 > "$OUT/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 300); do
   python3 -c "import sys, urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:18080/health', timeout=2).status != 200)" 2>/dev/null && break
   sleep 1
 done
-python3 -m bench.path_breakdown --url http://127.0.0.1:18080 --model "$ckpt" --lengths 128,512,4096 --requests 300 --engine-device cuda | tee "$OUT/breakdown.md"
-python3 -m bench.path_breakdown --url http://127.0.0.1:18080 --model "$ckpt" --lengths 128 --requests 3000 > /dev/null &
+python3 -m quiver.bench.path_breakdown --url http://127.0.0.1:18080 --model "$ckpt" --lengths 128,512,4096 --requests 300 --engine-device cuda | tee "$OUT/breakdown.md"
+python3 -m quiver.bench.path_breakdown --url http://127.0.0.1:18080 --model "$ckpt" --lengths 128 --requests 3000 > /dev/null &
 load=$!
 sleep 3
 for role in frontend broker worker; do

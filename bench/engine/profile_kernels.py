@@ -1,6 +1,6 @@
 """Where the GPU time of one engine step goes: kernel times by name, and graph replay time.
 
-    python -m bench.engine.profile_kernels --ckpt-dir DIR [--tokens 128,4096]
+    python -m quiver.bench.engine.profile_kernels --ckpt-dir DIR [--tokens 128,4096]
 
 For each benchmark checkpoint and token count (one sequence), runs the step eagerly under the PyTorch
 profiler and prints the kernels' summed device time per step, then the same step's CUDA-graph replay
@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.engine.checkpoints import BENCH_MODELS
-from worker.engine import Batch, Engine, load_engine
-from worker.engine.buckets import plan_shape
-from worker.engine.graphs import time_with_graph
+from quiver.bench.engine.checkpoints import BENCH_MODELS
+from quiver.worker.engine import Batch, Engine, load_engine
+from quiver.worker.engine.buckets import plan_shape
+from quiver.worker.engine.graphs import time_with_graph
 
 
 def kernel_table(engine: Engine, batch: Batch, steps: int = 3) -> tuple[float, list[tuple[str, float, int]]]:

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from bench.config import QUICK, BenchConfig, add_options, config_from_args
+from quiver.bench.config import QUICK, BenchConfig, add_options, config_from_args
 
 
 def parse(argv: list[str]) -> BenchConfig:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.corpus import TokenCorpus, stdlib_documents
-from common.model_info import default_model_dir
+from quiver.bench.corpus import TokenCorpus, stdlib_documents
+from quiver.common.model_info import default_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.gate import GateFailed, cosines, judge_embeddings, judge_scores
+from quiver.bench.gate import GateFailed, cosines, judge_embeddings, judge_scores
 
 
 def unit_rows(rng: np.random.Generator, rows: int, dim: int) -> np.ndarray:

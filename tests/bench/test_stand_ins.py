@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.corpus import TokenCorpus
-from bench.gate import cosines
-from bench.inprocess import SentenceTransformersRunner, TransformersRunner
-from bench.stand_ins import build_stand_in
-from common.model_info import load_model_info
+from quiver.bench.corpus import TokenCorpus
+from quiver.bench.gate import cosines
+from quiver.bench.inprocess import SentenceTransformersRunner, TransformersRunner
+from quiver.bench.stand_ins import build_stand_in
+from quiver.common.model_info import load_model_info
 
 
 @pytest.fixture(scope="module")

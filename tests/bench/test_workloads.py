@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench.config import BenchConfig
-from bench.corpus import TokenCorpus
-from bench.workloads import ServerFacts, build_workloads
-from common.model_info import default_model_dir
+from quiver.bench.config import BenchConfig
+from quiver.bench.corpus import TokenCorpus
+from quiver.bench.workloads import ServerFacts, build_workloads
+from quiver.common.model_info import default_model_dir
 
 
 @pytest.fixture(scope="module")

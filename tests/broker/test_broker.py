@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import zmq
 
-from common.protocol import (
+from quiver.common.protocol import (
     PROTOCOL_VERSION, Chunk, Disconnect, Error, Heartbeat, Ready, Reconnect, Result, decode,
 )
-from common.transport import make_socket, send
+from quiver.common.transport import make_socket, send
 from tests.cluster import Cluster
 
 INTERVAL = 0.2

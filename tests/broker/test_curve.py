@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from common.security import make_keys
+from quiver.common.security import make_keys
 from tests.cluster import Cluster
 
 

@@ -8,7 +8,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from common.protocol import (
+from quiver.common.protocol import (
     MAX_HEADER_BYTES, PROTOCOL_VERSION, Cancel, Chunk, Disconnect, Error, Heartbeat, MsgType, ProtocolError, Ready,
     Reconnect, Result, decode, split_identity,
 )

@@ -20,7 +20,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.model_info import default_model_dir
+from quiver.common.model_info import default_model_dir
 from tests.cluster import Cluster, free_port
 from tests.worker.engine.families import spread_weights
 

@@ -97,7 +97,7 @@ def test_serve_exits_nonzero_when_the_model_cannot_load(tmp_path):
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "bert", "hidden_size": 8, "vocab_size": 10, '
                                         '"max_position_embeddings": 16}')
-    from common.model_info import default_model_dir
+    from quiver.common.model_info import default_model_dir
 
     (broken / "tokenizer.json").write_bytes((default_model_dir() / "tokenizer.json").read_bytes())
     proc, _, log_path = serve("--model", str(broken), "--workers", "1")

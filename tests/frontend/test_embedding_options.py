@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.engine.checkpoints import make_bidirectional, save_checkpoint
+from quiver.bench.engine.checkpoints import make_bidirectional, save_checkpoint
 from tests.cluster import Cluster
 
 QWEN3_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
@@ -233,7 +233,7 @@ def test_dimensions_truncate_then_renormalize(cluster):
 def test_truncation_direction_keeps_the_chosen_end(cluster):
     from transformers import AutoTokenizer
 
-    from common.model_info import default_model_dir
+    from quiver.common.model_info import default_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir()))
     text = " ".join(f"word{i}" for i in range(300))

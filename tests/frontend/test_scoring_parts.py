@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.model_info import QUANTIZER_TANH, default_model_dir, load_model_info
-from frontend.errors import APIError
-from frontend.quantize import encode_rows, formats_for, packed_sign_bits, tanh_int8
-from frontend.routes_score import predict_inputs, score_pairs
-from frontend.scores import ranking, sigmoid, softmax
-from frontend.templates import QWEN3_RERANKER, with_instruction
-from frontend.tokenization import TextTokenizer
+from quiver.common.model_info import QUANTIZER_TANH, default_model_dir, load_model_info
+from quiver.frontend.errors import APIError
+from quiver.frontend.quantize import encode_rows, formats_for, packed_sign_bits, tanh_int8
+from quiver.frontend.routes_score import predict_inputs, score_pairs
+from quiver.frontend.scores import ranking, sigmoid, softmax
+from quiver.frontend.templates import QWEN3_RERANKER, with_instruction
+from quiver.frontend.tokenization import TextTokenizer
 
 
 def test_qwen3_reranker_prompt_is_the_model_cards():

@@ -56,7 +56,7 @@ class NotifySocket:
         while not self.closed:
             try:
                 data, ancillary, _flags, _address = self.sock.recvmsg(4096, size)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

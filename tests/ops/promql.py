@@ -7,7 +7,7 @@ import re
 
 import yaml
 
-from common.metrics import CONTRACT
+from quiver.common.metrics import CONTRACT
 from tests.ops.conftest import OPS
 
 DASHBOARD = OPS / "grafana" / "quiver.json"

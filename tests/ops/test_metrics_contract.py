@@ -7,7 +7,7 @@ import re
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.metrics import BY_NAME, CONTRACT, PROCESS_LABELS, ROLES, contract_markdown
+from quiver.common.metrics import BY_NAME, CONTRACT, PROCESS_LABELS, ROLES, contract_markdown
 from tests.ops.conftest import OPS, embed
 
 BASE_UNITS = ("_seconds", "_bytes", "_tokens")
@@ -56,7 +56,7 @@ def test_the_contract_is_well_formed():
 
 def test_ops_metrics_md_is_generated_from_the_contract():
     assert (OPS / "metrics.md").read_text() == contract_markdown(), \
-        "ops/metrics.md is stale: python -m common.metrics > ops/metrics.md"
+        "ops/metrics.md is stale: python -m quiver.common.metrics > ops/metrics.md"
 
 
 def test_a_live_cluster_exports_every_documented_metric_with_its_type_and_labels(ops_cluster):

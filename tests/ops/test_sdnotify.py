@@ -14,7 +14,7 @@ import uuid
 import numpy as np
 import pytest
 
-from common import sdnotify
+from quiver.common import sdnotify
 from tests.ops.conftest import WATCHDOG_S, wait_for_ready_children
 
 
@@ -103,9 +103,9 @@ class BlockingEngine:
 
 
 def test_the_scheduler_loop_pets_the_watchdog_and_stops_when_it_hangs(path_socket):
-    from common.protocol import Chunk
-    from worker import metrics
-    from worker.scheduler import Scheduler
+    from quiver.common.protocol import Chunk
+    from quiver.worker import metrics
+    from quiver.worker.scheduler import Scheduler
 
     engine = BlockingEngine()
     sent: list = []

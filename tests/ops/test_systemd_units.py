@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from common.config import BrokerSettings, FrontendSettings, WorkerSettings
-from common.model_info import EXIT_MODEL_ERROR
+from quiver.common.config import BrokerSettings, FrontendSettings, WorkerSettings
+from quiver.common.model_info import EXIT_MODEL_ERROR
 from tests.ops.conftest import OPS
 
 UNITS = OPS / "systemd"

@@ -6,9 +6,9 @@
     lazy.release()
 """
 
-from worker.engine.batch import Batch
-from worker.engine.engine import Engine, EngineInfo
-from worker.engine.lazy import LazyTensor, SlotsBusyError
-from worker.engine.startup import load_engine
+from quiver.worker.engine.batch import Batch
+from quiver.worker.engine.engine import Engine, EngineInfo
+from quiver.worker.engine.lazy import LazyTensor, SlotsBusyError
+from quiver.worker.engine.startup import load_engine
 
 __all__ = ["Batch", "Engine", "EngineInfo", "LazyTensor", "SlotsBusyError", "load_engine"]

@@ -15,18 +15,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.model_info import KIND_EMBEDDING, ModelInfo
-from worker.engine.batch import Batch
-from worker.engine.buckets import StepShape, plan_shape, seq_bucket
-from worker.engine.graphs import GraphRunner
-from worker.engine.inputs import StepTensors, pack_batch, packed_size, unpack
-from worker.engine.layers.attention import AttentionContext
-from worker.engine.layers.attention_backends import PaddedSdpa
-from worker.engine.layers.attention_select import AttentionSelector
-from worker.engine.lazy import HostSlots, LazyTensor
-from worker.engine.memory import MemoryFigures
-from worker.engine.models.base import RaggedModel
-from worker.engine.pooling import normalize_rows
+from quiver.common.model_info import KIND_EMBEDDING, ModelInfo
+from quiver.worker.engine.batch import Batch
+from quiver.worker.engine.buckets import StepShape, plan_shape, seq_bucket
+from quiver.worker.engine.graphs import GraphRunner
+from quiver.worker.engine.inputs import StepTensors, pack_batch, packed_size, unpack
+from quiver.worker.engine.layers.attention import AttentionContext
+from quiver.worker.engine.layers.attention_backends import PaddedSdpa
+from quiver.worker.engine.layers.attention_select import AttentionSelector
+from quiver.worker.engine.lazy import HostSlots, LazyTensor
+from quiver.worker.engine.memory import MemoryFigures
+from quiver.worker.engine.models.base import RaggedModel
+from quiver.worker.engine.pooling import normalize_rows
 
 NUM_HOST_SLOTS = 2
 

@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from worker.engine.buckets import StepShape
+from quiver.worker.engine.buckets import StepShape
 
 log = logging.getLogger("quiver.engine")
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from worker.engine.batch import Batch
-from worker.engine.buckets import StepShape
+from quiver.worker.engine.batch import Batch
+from quiver.worker.engine.buckets import StepShape
 
 _TOKEN_FIELDS = ("input_ids", "positions", "token_type_ids", "seq_ids")
 _SEQ_FIELDS = ("first_index", "last_index", "seq_lens", "normalize")

@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from common.model_info import DECODER_TYPES, ENCODER_TYPES, KIND_RERANKER, ModelError, ModelInfo
-from worker.engine.layers.fused import ElementwiseOps
-from worker.engine.models.base import RaggedModel, Weights
-from worker.engine.models.bert import BertEncoder
-from worker.engine.models.qwen3 import Qwen3
+from quiver.common.model_info import DECODER_TYPES, ENCODER_TYPES, KIND_RERANKER, ModelError, ModelInfo
+from quiver.worker.engine.layers.fused import ElementwiseOps
+from quiver.worker.engine.models.base import RaggedModel, Weights
+from quiver.worker.engine.models.bert import BertEncoder
+from quiver.worker.engine.models.qwen3 import Qwen3
 
 log = logging.getLogger("quiver.engine")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from worker.engine.inputs import StepTensors
+from quiver.worker.engine.inputs import StepTensors
 
 POOLING_MODES = ("cls", "mean", "lasttoken")
 

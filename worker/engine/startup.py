@@ -12,15 +12,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.model_info import load_model_info
-from worker.engine.batch import Batch
-from worker.engine.buckets import plan_shape
-from worker.engine.engine import Engine, elapsed_since, synthetic_batch
-from worker.engine.graphs import time_with_graph
-from worker.engine.layers.attention_select import context_for_lens
-from worker.engine.layers.fused import ElementwiseOps, compiled_ops, plain_ops
-from worker.engine.loader import build_model
-from worker.engine.memory import describe, peak_bytes_of, tokens_within_budget
+from quiver.common.model_info import load_model_info
+from quiver.worker.engine.batch import Batch
+from quiver.worker.engine.buckets import plan_shape
+from quiver.worker.engine.engine import Engine, elapsed_since, synthetic_batch
+from quiver.worker.engine.graphs import time_with_graph
+from quiver.worker.engine.layers.attention_select import context_for_lens
+from quiver.worker.engine.layers.fused import ElementwiseOps, compiled_ops, plain_ops
+from quiver.worker.engine.loader import build_model
+from quiver.worker.engine.memory import describe, peak_bytes_of, tokens_within_budget
 
 log = logging.getLogger("quiver.engine")
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from bench.engine.checkpoints import NO_ID, YES_ID, make_bidirectional, save_checkpoint
+from quiver.bench.engine.checkpoints import NO_ID, YES_ID, make_bidirectional, save_checkpoint
 
 VOCAB = 96
 MAX_POSITIONS = 128

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.engine.layers.attention_select import nearest_winner
+from quiver.worker.engine.layers.attention_select import nearest_winner
 
 WINNERS = {
     (1, 128, 128, 128): "dense_flash",

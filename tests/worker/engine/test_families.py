@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.worker.engine.families import FAMILIES, MAX_POSITIONS, VOCAB, Family, reference_rows, write_family
-from worker.engine import Batch, load_engine
+from quiver.worker.engine import Batch, load_engine
 
 LENGTHS = [1, 7, 33, 64, 5, 100]
 

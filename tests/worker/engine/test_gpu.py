@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.engine.checkpoints import BENCH_MODELS, ensure_bench_checkpoint, load_reference
+from quiver.bench.engine.checkpoints import BENCH_MODELS, ensure_bench_checkpoint, load_reference
 from tests.worker.engine.families import FAMILIES, write_family
-from worker.engine import Batch, Engine, LazyTensor, SlotsBusyError, load_engine
+from quiver.worker.engine import Batch, Engine, LazyTensor, SlotsBusyError, load_engine
 
 pytestmark = pytest.mark.gpu
 

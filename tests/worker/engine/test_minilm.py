@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.model_info import default_model_dir
-from worker.engine import Batch, load_engine
+from quiver.common.model_info import default_model_dir
+from quiver.worker.engine import Batch, load_engine
 
 TEXTS = [
     "hello world",

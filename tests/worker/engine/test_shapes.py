@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from worker.engine import Batch
-from worker.engine.buckets import maxlen_bucket, plan_shape, seq_bucket, token_bucket, token_buckets
-from worker.engine.inputs import pack_batch, packed_size, unpack
-from worker.engine.lazy import HostSlots, LazyTensor, SlotsBusyError
+from quiver.worker.engine import Batch
+from quiver.worker.engine.buckets import maxlen_bucket, plan_shape, seq_bucket, token_bucket, token_buckets
+from quiver.worker.engine.inputs import pack_batch, packed_size, unpack
+from quiver.worker.engine.lazy import HostSlots, LazyTensor, SlotsBusyError
 
 
 def test_token_buckets_step_by_64_then_256() -> None:

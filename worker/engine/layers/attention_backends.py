@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from worker.engine.layers.attention import AttentionContext
+from quiver.worker.engine.layers.attention import AttentionContext
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from worker.engine.layers.attention import AttentionContext, AttentionSpec
-from worker.engine.layers.attention_backends import PaddedSdpa, available_backends
+from quiver.worker.engine.layers.attention import AttentionContext, AttentionSpec
+from quiver.worker.engine.layers.attention_backends import PaddedSdpa, available_backends
 
 log = logging.getLogger("quiver.engine")
 

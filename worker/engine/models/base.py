@@ -6,9 +6,9 @@ from typing import Protocol
 
 import torch
 
-from worker.engine.inputs import StepTensors
-from worker.engine.layers.attention import AttentionContext, AttentionSpec
-from worker.engine.layers.fused import ElementwiseOps
+from quiver.worker.engine.inputs import StepTensors
+from quiver.worker.engine.layers.attention import AttentionContext, AttentionSpec
+from quiver.worker.engine.layers.fused import ElementwiseOps
 
 
 class RaggedModel(Protocol):

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from common.model_info import KIND_CLASSIFIER, ModelInfo
-from worker.engine.inputs import StepTensors
-from worker.engine.layers.attention import AttentionContext, AttentionSpec, attention
-from worker.engine.layers.fused import ElementwiseOps
-from worker.engine.models.base import Weights, tensors_bytes
-from worker.engine.pooling import pool
+from quiver.common.model_info import KIND_CLASSIFIER, ModelInfo
+from quiver.worker.engine.inputs import StepTensors
+from quiver.worker.engine.layers.attention import AttentionContext, AttentionSpec, attention
+from quiver.worker.engine.layers.fused import ElementwiseOps
+from quiver.worker.engine.models.base import Weights, tensors_bytes
+from quiver.worker.engine.pooling import pool
 
 ROBERTA_FAMILY = ("roberta", "xlm-roberta")
 

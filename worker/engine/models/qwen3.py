@@ -12,13 +12,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from common.model_info import KIND_RERANKER, ModelInfo
-from worker.engine.inputs import StepTensors
-from worker.engine.layers.attention import AttentionContext, AttentionSpec, attention
-from worker.engine.layers.fused import ElementwiseOps
-from worker.engine.layers.rotary import rope_theta, rotary_tables
-from worker.engine.models.base import Weights, tensors_bytes
-from worker.engine.pooling import gather_rows, mean_rows
+from quiver.common.model_info import KIND_RERANKER, ModelInfo
+from quiver.worker.engine.inputs import StepTensors
+from quiver.worker.engine.layers.attention import AttentionContext, AttentionSpec, attention
+from quiver.worker.engine.layers.fused import ElementwiseOps
+from quiver.worker.engine.layers.rotary import rope_theta, rotary_tables
+from quiver.worker.engine.models.base import Weights, tensors_bytes
+from quiver.worker.engine.pooling import gather_rows, mean_rows
 
 
 @dataclass
