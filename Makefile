@@ -1,28 +1,48 @@
-# `make serve` starts Quiver on the packaged all-MiniLM-L6-v2; `make test` runs every test.
-# Both create the virtual environment .venv on first use.
+# `make serve` starts Quiver on the packaged all-MiniLM-L6-v2; `make test` runs ruff, mypy and every test.
+# Both create the virtual environment .venv on first use: `serve` installs only what serving needs,
+# `test` adds the test extra (pytest, the reference libraries, ruff, mypy) and quiver-bench.
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+PIP := $(PY) -m pip --disable-pip-version-check
+SERVE_STAMP := $(VENV)/.installed-serve
+TEST_STAMP := $(VENV)/.installed-test
 # The CPU build of torch 2.13.0 when it is at hand (as on our CI machines), else pip's default build.
 TORCH ?= torch==2.13.0
 
-.PHONY: install serve test clean
+.PHONY: install serve test lint clean
 
-$(STAMP): setup.cfg pyproject.toml
+$(PY):
+	@echo "==> creating the virtual environment $(VENV)"
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q "$(TORCH)" || $(PY) -m pip install -q torch
-	$(PY) -m pip install -q -e '.[test]' -e ./bench
-	touch $(STAMP)
 
-install: $(STAMP)
+$(SERVE_STAMP): setup.cfg pyproject.toml | $(PY)
+	@echo "==> [1/2] installing torch ($(TORCH)); the first time this downloads 0.2-3 GB"
+	$(PIP) install "$(TORCH)" || $(PIP) install torch
+	@echo "==> [2/2] installing quiver and what serving needs"
+	$(PIP) install -e .
+	touch $@
 
-serve: $(STAMP)
+$(TEST_STAMP): $(SERVE_STAMP) bench/pyproject.toml
+	@echo "==> installing the test extra (pytest, transformers, sentence-transformers, ruff, mypy) and quiver-bench"
+	$(PIP) install -e '.[test]' -e ./bench
+	touch $@
+
+install: $(SERVE_STAMP)
+
+serve: $(SERVE_STAMP)
+	@echo "==> starting quiver serve (first start: about 10 s on CPU to load the model; ready once /health says 200)"
 	$(VENV)/bin/quiver serve $(ARGS)
 
-test: $(STAMP)
+lint: $(TEST_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: $(TEST_STAMP)
 	bash ops/ci/install-tools.sh
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q $(ARGS)
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from typing import cast
 
 import zmq
 
@@ -25,6 +26,11 @@ from quiver.common.security import CurveServer, SecurityError, check_exposure
 from quiver.common.transport import make_socket, recv_routed, send
 
 log = logging.getLogger("quiver.broker")
+
+
+def _has_input(sock: zmq.Socket) -> bool:
+    """Whether another message is waiting on `sock` (ZMQ_EVENTS is an int option)."""
+    return bool(cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
 
 class Broker:
@@ -60,7 +66,7 @@ class Broker:
             # Right after traffic, poll without sleeping for a moment: the next message of a busy
             # stream then costs no thread wake-up (tens of microseconds each on a virtual machine).
             spinning = time.monotonic() - last_message < spin_s
-            timeout_ms = 0 if spinning else max(0.0, self.next_heartbeat - time.monotonic()) * 1000
+            timeout_ms = 0 if spinning else int(max(0.0, self.next_heartbeat - time.monotonic()) * 1000)
             events = dict(poller.poll(timeout_ms))
             now = time.monotonic()
             if events:
@@ -91,11 +97,11 @@ class Broker:
             except ProtocolError as exc:
                 metrics.BAD_MESSAGES.labels(peer).inc()
                 log.warning("dropped a malformed message from a %s: %s", peer, exc)
-                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if not _has_input(sock):
                     return
                 continue
             handler(identity, message)
-            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not _has_input(sock):
                 return
 
     def stop(self, *_: object) -> None:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 ENV_PREFIX = "QUIVER_"
 
@@ -115,7 +118,7 @@ class ServeSettings(FrontendSettings):
     worker_metrics_port: int = option(0, "first port of the workers' /metrics, one per worker (0: none)")
 
 
-Settings = TypeVar("Settings")
+Settings = TypeVar("Settings", bound="DataclassInstance")
 
 
 def _env_name(name: str) -> str:
@@ -157,7 +160,7 @@ def add_arguments(parser: argparse.ArgumentParser, settings_type: type, exclude:
 def from_namespace(settings_type: type[Settings], namespace: argparse.Namespace) -> Settings:
     """Settings from parsed options; fields the parser did not offer keep their defaults."""
     given = {f.name: getattr(namespace, f.name) for f in fields(settings_type) if hasattr(namespace, f.name)}
-    return settings_type(**given)  # type: ignore[call-arg]
+    return settings_type(**given)
 
 
 def to_argv(settings: Any, settings_type: type) -> list[str]:

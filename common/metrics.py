@@ -18,7 +18,7 @@ import copy
 import logging
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Literal
 
 from prometheus_client import (
     REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, start_http_server,
@@ -45,6 +45,10 @@ ROLES = (FRONTEND, BROKER, WORKER)
 # Labels a process adds to every sample it serves, whatever the metric.
 PROCESS_LABELS: dict[str, tuple[str, ...]] = {FRONTEND: (), BROKER: (), WORKER: ("worker", "device")}
 
+# How prometheus_client combines a gauge across the HTTP processes (its Gauge multiprocess_mode values).
+MultiprocessMode = Literal["all", "liveall", "min", "livemin", "max", "livemax", "sum", "livesum", "mostrecent",
+                           "livemostrecent"]
+
 
 @dataclass(frozen=True)
 class MetricSpec:
@@ -54,7 +58,7 @@ class MetricSpec:
     labels: tuple[str, ...]  # every label on its samples (histograms add `le` to _bucket)
     help: str
     buckets: tuple[float, ...] = ()
-    multiprocess_mode: str = ""  # a frontend gauge: how the HTTP processes' values combine
+    multiprocess_mode: MultiprocessMode | Literal[""] = ""  # a frontend gauge: how the HTTP processes' values combine
     engine: bool = False  # read from the engine at scrape time (worker/metrics.py EngineCollector)
 
     @property

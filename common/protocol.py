@@ -16,10 +16,11 @@ from __future__ import annotations
 import enum
 import sys
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import msgpack
 import numpy as np
+import numpy.typing as npt
 
 PROTOCOL_VERSION = 1
 
@@ -84,7 +85,7 @@ def _check_bool(name: str, value: Any) -> None:
         raise ProtocolError(f"field {name!r} must be a boolean")
 
 
-def _array_frame(name: str, frame: bytes | memoryview, dtype: np.dtype, count: int) -> np.ndarray:
+def _array_frame(name: str, frame: bytes | memoryview, dtype: npt.DTypeLike, count: int) -> np.ndarray:
     buf = memoryview(frame)
     expected = count * np.dtype(dtype).itemsize
     if buf.nbytes != expected:
@@ -115,7 +116,7 @@ class Message:
         """Raise ProtocolError when a field is missing, mistyped or out of bounds."""
 
     @classmethod
-    def from_parts(cls, header: dict[str, Any], arrays: list[bytes | memoryview]) -> Message:
+    def from_parts(cls, header: dict[str, Any], arrays: Sequence[bytes | memoryview]) -> Message:
         if arrays:
             raise ProtocolError(f"{cls.TYPE.name} carries no array frames")
         return cls(**header)
@@ -214,8 +215,8 @@ class Chunk(Message):
     timeout_s: float
     has_token_types: bool = False
     attempt: int = 0
-    input_ids: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
-    seq_lens: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
+    input_ids: np.ndarray = field(kw_only=True, repr=False)
+    seq_lens: np.ndarray = field(kw_only=True, repr=False)
     token_type_ids: np.ndarray | None = field(default=None, repr=False)
 
     ARRAY_FIELDS: ClassVar[tuple[str, ...]] = ("input_ids", "seq_lens", "token_type_ids")
@@ -224,7 +225,7 @@ class Chunk(Message):
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.ARRAY_FIELDS}
 
     def arrays(self) -> list[bytes | memoryview]:
-        frames = [_as_frame(self.input_ids, np.int32), _as_frame(self.seq_lens, np.int32)]
+        frames: list[bytes | memoryview] = [_as_frame(self.input_ids, np.int32), _as_frame(self.seq_lens, np.int32)]
         if self.has_token_types:
             frames.append(_as_frame(self.token_type_ids, np.int32))
         return frames
@@ -242,7 +243,7 @@ class Chunk(Message):
         _check_int("attempt", h.get("attempt", 0), 0, 1000)
 
     @classmethod
-    def from_parts(cls, header: dict[str, Any], arrays: list[bytes | memoryview]) -> Chunk:
+    def from_parts(cls, header: dict[str, Any], arrays: Sequence[bytes | memoryview]) -> Chunk:
         expected = 3 if header.get("has_token_types") else 2
         if len(arrays) != expected:
             raise ProtocolError(f"CHUNK needs {expected} array frames, got {len(arrays)}")
@@ -265,7 +266,7 @@ class Result(Message):
     queue_s: float = 0.0
     inference_s: float = 0.0
     worker: str = ""
-    values: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
+    values: np.ndarray = field(kw_only=True, repr=False)
 
     def header(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "values"}
@@ -283,7 +284,7 @@ class Result(Message):
         _check_str("worker", h.get("worker", ""))
 
     @classmethod
-    def from_parts(cls, header: dict[str, Any], arrays: list[bytes | memoryview]) -> Result:
+    def from_parts(cls, header: dict[str, Any], arrays: Sequence[bytes | memoryview]) -> Result:
         if len(arrays) != 1:
             raise ProtocolError(f"RESULT needs 1 array frame, got {len(arrays)}")
         count = header["num_seqs"] * header["dim"]
@@ -321,7 +322,7 @@ def _as_frame(array: np.ndarray | None, dtype: type) -> memoryview:
     array = np.ascontiguousarray(array, dtype=dtype)
     if array.nbytes > MAX_ARRAY_BYTES:
         raise ProtocolError(f"array of {array.nbytes} bytes is over the {MAX_ARRAY_BYTES} limit")
-    return memoryview(array).cast("B")
+    return array.data.cast("B")
 
 
 def decode(frames: list[bytes | memoryview | Any]) -> Message:

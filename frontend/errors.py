@@ -8,6 +8,7 @@ Inference's `{"error", "error_type"}` for the others. Every error is counted by 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from starlette.responses import Response
@@ -53,6 +54,7 @@ class APIError(Exception):
 
 def render(error: APIError, openai_style: bool) -> Response:
     status, openai_type, tei_type = REASONS[error.reason]
+    body: dict[str, Any]
     if openai_style:
         body = {"error": {"message": error.message, "type": openai_type, "param": error.param, "code": error.reason}}
     else:

@@ -26,6 +26,7 @@ THREAD_THRESHOLD_CHARS = 4096
 
 TextInput = Union[str, tuple[str, str]]
 T = TypeVar("T")
+IdsT = TypeVar("IdsT", list[int], np.ndarray)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def _normalise_direction(direction: str) -> str:
     return direction.lower()
 
 
-def _cut(ids: list[int] | np.ndarray, limit: int, direction: str) -> list[int] | np.ndarray:
+def _cut(ids: IdsT, limit: int, direction: str) -> IdsT:
     """The first (direction right) or last (left) `limit` items."""
     limit = max(limit, 0)
     return ids[:limit] if _normalise_direction(direction) == "right" else ids[len(ids) - limit:]

@@ -187,7 +187,7 @@ class Supervisor:
 
     def _shutdown(self) -> None:
         """Frontend first (no new requests), then workers (drain), then the broker."""
-        stages = [[self.frontend], self.workers, [self.broker]]
+        stages: list[list[Child | None]] = [[self.frontend], list(self.workers), [self.broker]]
         for stage in stages:
             for child in stage:
                 if child is not None:

@@ -96,7 +96,7 @@ class EngineCollector(Collector):
             if value is None:
                 continue  # the engine no longer reports it: the contract test says so
             if entry.kind == "counter":
-                family: Metric = CounterMetricFamily(entry.family, entry.help)
+                family: CounterMetricFamily | GaugeMetricFamily = CounterMetricFamily(entry.family, entry.help)
             else:
                 family = GaugeMetricFamily(entry.name, entry.help)
             family.add_metric([], float(value))

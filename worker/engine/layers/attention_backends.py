@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -90,7 +90,8 @@ class TorchVarlen:
             else:
                 kwargs["enable_gqa"] = True
         cu = ctx.cu_seqlens
-        return self._fn(q, k, v, cu, cu, ctx.max_seqlen, ctx.max_seqlen, **kwargs)
+        # A tuple comes back only with return_aux, which is never passed here.
+        return cast(torch.Tensor, self._fn(q, k, v, cu, cu, ctx.max_seqlen, ctx.max_seqlen, **kwargs))
 
 
 class FlashAttnVarlen:

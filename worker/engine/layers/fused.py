@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -117,7 +117,7 @@ class ElementwiseOps:
     embed_layer_norm: Callable[..., torch.Tensor]
 
 
-_UNITS = {
+_UNITS: dict[str, Callable[..., Any]] = {
     "rms_norm": rms_norm,
     "add_rms_norm": add_rms_norm,
     "qk_norm_rope": qk_norm_rope,
@@ -151,7 +151,7 @@ class _TokenDynamic:
         self._compiled = torch.compile(fn, fullgraph=True)
         self._token_args = token_args
 
-    def __call__(self, *args: object) -> object:
+    def __call__(self, *args: object) -> Any:
         for index in self._token_args:
             torch._dynamo.maybe_mark_dynamic(args[index], 0)
         return self._compiled(*args)
@@ -173,4 +173,4 @@ def compiled_ops() -> ElementwiseOps:
         if hasattr(config, name):
             setattr(config, name, max(getattr(config, name), 64))
     compiled = {name: _TokenDynamic(fn, _TOKEN_ARGS[name]) for name, fn in _UNITS.items()}
-    return ElementwiseOps(mode="compile", **compiled)  # type: ignore[arg-type]
+    return ElementwiseOps(mode="compile", **compiled)
