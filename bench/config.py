@@ -2,24 +2,22 @@
 
 Each field of BenchConfig becomes a `--field-name` option; its default can also come from the
 environment variable QUIVER_BENCH_FIELD_NAME. A value given on the command line or in the environment
-wins; otherwise `--quick` picks the CI-size value from QUICK, else the field's default applies.
-Nothing here imports more than the standard library, since `quiver --help` imports it.
+wins; otherwise `--quick` picks the CI-size value from QUICK, else the field's default applies. The
+machinery is quiver.common.config's, as for every other command; nothing here imports more than
+the standard library and it, since `quiver --help` imports it.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-from dataclasses import dataclass, field, fields
-from typing import Any, get_type_hints
+from dataclasses import dataclass
+from typing import Any
+
+from quiver.common.config import add_arguments, from_namespace, option
 
 ENV_PREFIX = "QUIVER_BENCH_"
 BENCHMARKS = ("latency", "scoring", "throughput", "concurrency", "bulk")
 BASELINES = ("transformers", "sentence-transformers")
-
-
-def option(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
@@ -86,54 +84,14 @@ QUICK: dict[str, Any] = {
 }
 
 
-def _parse(kind: Any, text: str) -> Any:
-    if kind is bool:
-        lowered = text.strip().lower()
-        if lowered not in {"1", "true", "yes", "on", "0", "false", "no", "off", ""}:
-            raise ValueError(f"not a boolean: {text!r}")
-        return lowered in {"1", "true", "yes", "on"}
-    if kind == tuple[int, ...]:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    if kind == tuple[str, ...]:
-        parts = tuple(part.strip() for part in text.split(",") if part.strip())
-        return () if parts == ("none",) else parts
-    return kind(text)
-
-
 def add_options(parser: argparse.ArgumentParser) -> None:
-    """One --option per BenchConfig field; unset options stay None so that --quick can fill them."""
-    hints = get_type_hints(BenchConfig)
-    for f in fields(BenchConfig):
-        kind = hints[f.name]
-        env = ENV_PREFIX + f.name.upper()
-        default = None
-        if env in os.environ:
-            try:
-                default = _parse(kind, os.environ[env])
-            except ValueError as exc:
-                parser.error(f"environment variable {env}={os.environ[env]!r}: {exc}")
-        shown = QUICK.get(f.name)
-        quick_note = f"; --quick {shown!r}" if shown is not None else ""
-        help_text = f"{f.metadata['help']} [env {env}; default {f.default!r}{quick_note}]"
-        flag = "--" + f.name.replace("_", "-")
-        if kind is bool:
-            parser.add_argument(flag, default=default, action=argparse.BooleanOptionalAction, help=help_text)
-        else:
-            parser.add_argument(flag, default=default, type=lambda text, kind=kind: _parse(kind, text),
-                                help=help_text, metavar=f.name.upper())
+    """One --option per BenchConfig field, read from QUIVER_BENCH_* too; --quick's values in the help."""
+    add_arguments(parser, BenchConfig, env_prefix=ENV_PREFIX, presets=QUICK, preset_flag="--quick")
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """Given values first, then --quick's, then the defaults; checks the choices."""
-    quick = bool(getattr(args, "quick", None))
-    values = {}
-    for f in fields(BenchConfig):
-        given = getattr(args, f.name, None)
-        if given is not None:
-            values[f.name] = given
-        elif quick and f.name in QUICK:
-            values[f.name] = QUICK[f.name]
-    config = BenchConfig(**values)
+    config = from_namespace(BenchConfig, args, QUICK if getattr(args, "quick", None) else None)
     check(config)
     return config
 

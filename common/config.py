@@ -3,14 +3,16 @@
 Each role's settings are one dataclass. Every field becomes a `--field-name` option whose default
 comes from the environment variable `QUIVER_FIELD_NAME` when set, else from the dataclass. The help
 text lives in the field's metadata, so `--help` and the environment stay in step with the code.
+A field marked `secret=True` never travels on a command line (`to_argv` leaves it out; a child gets
+it from `secret_environment`). `quiver bench` (bench/config.py) uses the same machinery.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import MISSING, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
+from dataclasses import Field, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, TypeVar, get_type_hints
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -87,7 +89,8 @@ class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     model: str = option("", "checkpoint directory (default: the packaged all-MiniLM-L6-v2)")
     served_model_name: str = option("", "model name in responses (default: from the checkpoint)")
     http_processes: int = option(1, "uvicorn worker processes")
-    api_key: str = option("", "require 'Authorization: Bearer <key>' on every route but /health and /metrics")
+    api_key: str = option("", "require 'Authorization: Bearer <key>' on every route but /health and /metrics",
+                          secret=True)
     auto_truncate: bool = option(False, "truncate over-long inputs unless a request says otherwise")
     max_body_bytes: int = option(16 * 1024 * 1024, "largest request body accepted (413 beyond)")
     max_inputs: int = option(2048, "inputs in one request (413 beyond)")
@@ -101,76 +104,144 @@ class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
 
 @dataclass
 class ServeSettings(FrontendSettings):
-    """`quiver serve`: one broker, workers and a frontend on one host, supervised."""
+    """`quiver serve`: one broker, workers and a frontend on one host, supervised (quiver/plan.py maps
+    these onto each child's settings)."""
 
-    frontend_endpoint: str = option(DEFAULT_FRONTEND_ENDPOINT, "ZeroMQ endpoint the broker binds for frontends")
-    worker_endpoint: str = option(DEFAULT_WORKER_ENDPOINT, "ZeroMQ endpoint the broker binds for workers")
-    workers: int = option(0, "CPU workers to start (0: one per visible GPU, or one CPU worker without GPUs)")
-    device: str = option("", "cpu or cuda (default: cuda when a GPU is visible)")
+    frontend_endpoint: str = option("", "ZeroMQ endpoint the broker binds for frontends "
+                                        "(default: a private ipc:// socket of this serve)")
+    worker_endpoint: str = option("", "ZeroMQ endpoint the broker binds for workers "
+                                      "(default: a private ipc:// socket of this serve)")
+    workers: int = option(0, "workers to start (0: one per GPU of --device, or one CPU worker)")
+    device: str = option("", "cpu, cuda (every visible GPU), cuda:N or cuda:N,M (those GPUs) "
+                             "(default: cuda when a GPU is visible, else cpu)")
     dtype: str = option("", "worker dtype: float32, bfloat16 or float16")
     max_batch_tokens: int = option(0, "worker tokens per forward pass (0: the engine's default)")
+    max_batch_seqs: int = option(0, "worker sequences per forward pass (0: the engine's default)")
+    gpu_memory_fraction: float = option(0.0, "share of its GPU's memory each worker may use (0: the engine's default)")
+    cuda_graphs: bool = option(True, "workers capture CUDA graphs per batch shape")
+    watchdog_s: float = option(30.0, "a forward pass stuck this long makes a worker leave and exit (0: never)")
     threads: int = option(0, "CPU threads per CPU worker (0: the cores divided among the workers)")
     max_queued_chunks: int = option(4096, "broker: chunks waiting for a worker before 429")
     max_retries: int = option(2, "broker: re-dispatches of a chunk whose worker died")
     busy_poll_us: int = option(-1, "broker and GPU workers poll without sleeping this long after a message "
                                    "(-1: 500 with GPUs, 0 on CPUs)")
-    broker_metrics_port: int = option(0, "port of the broker's /metrics (0: none)")
-    worker_metrics_port: int = option(0, "first port of the workers' /metrics, one per worker (0: none)")
+    metrics_host: str = option("127.0.0.1", "address the broker's and the workers' /metrics bind")
+    broker_metrics_port: int = option(9300, "port of the broker's /metrics (0: none; when taken, a free one, logged)")
+    worker_metrics_port: int = option(9400, "port of worker N's /metrics is this + N (0: none; when taken, a free "
+                                            "one, logged)")
+
+
+# Fields ServeSettings inherits from FrontendSettings but does not offer: serve picks the broker
+# endpoint itself, and CurveZMQ keys are for links between hosts (children read them from QUIVER_*).
+SERVE_HIDDEN = frozenset({"broker", "curve_secret_key", "curve_broker_key"})
 
 
 Settings = TypeVar("Settings", bound="DataclassInstance")
 
 
-def _env_name(name: str) -> str:
-    return ENV_PREFIX + name.upper()
+def env_name(name: str, prefix: str = ENV_PREFIX) -> str:
+    return prefix + name.upper()
 
 
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in {"1", "true", "yes", "on"}:
-        return True
-    if lowered in {"0", "false", "no", "off", ""}:
-        return False
-    raise ValueError(f"not a boolean: {text!r}")
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
-def add_arguments(parser: argparse.ArgumentParser, settings_type: type, exclude: frozenset[str] = frozenset()) -> None:
-    """One --option per field, its default read from QUIVER_<FIELD> when that is set."""
+def is_secret(f: Field[Any]) -> bool:
+    """Secret fields (keys) reach a child process through its environment, never its command line."""
+    return bool(f.metadata.get("secret"))
+
+
+def parse_value(kind: Any, text: str) -> Any:
+    """A field's value from its text on the command line or in the environment."""
+    if kind is bool:
+        lowered = text.strip().lower()
+        if lowered in {"1", "true", "yes", "on"}:
+            return True
+        if lowered in {"0", "false", "no", "off", ""}:
+            return False
+        raise ValueError(f"not a boolean: {text!r}")
+    if kind == tuple[int, ...]:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    if kind == tuple[str, ...]:
+        parts = tuple(part.strip() for part in text.split(",") if part.strip())
+        return () if parts == ("none",) else parts
+    return kind(text)
+
+
+def _converter(kind: Any) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        return parse_value(kind, text)
+
+    convert.__name__ = getattr(kind, "__name__", "value")  # argparse names it in "invalid <name> value"
+    return convert
+
+
+def add_arguments(parser: argparse.ArgumentParser, settings_type: type, exclude: Collection[str] = frozenset(), *,
+                  env_prefix: str = ENV_PREFIX, presets: Mapping[str, Any] | None = None,
+                  preset_flag: str = "") -> None:
+    """One --option per field; `from_namespace` then takes, per field, the command line, else the
+    environment variable <env_prefix><FIELD>, else the preset (when `presets` are in use), else the
+    dataclass default. `presets` only shape the help: "[...; --quick VALUE]" after `preset_flag`."""
     hints = get_type_hints(settings_type)
     for f in fields(settings_type):
         if f.name in exclude:
             continue
         kind = hints[f.name]
-        env = _env_name(f.name)
-        default = f.default if f.default is not MISSING else None
+        env = env_name(f.name, env_prefix)
+        from_env = None
         if env in os.environ:
-            raw = os.environ[env]
             try:
-                default = _parse_bool(raw) if kind is bool else kind(raw)
+                from_env = parse_value(kind, os.environ[env])
             except ValueError as exc:
-                parser.error(f"environment variable {env}={raw!r}: {exc}")
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata.get('help', '')} [env {env}; default {default!r}]"
+                parser.error(f"environment variable {env}={os.environ[env]!r}: {exc}")
+        shown = "(set)" if is_secret(f) and from_env else (from_env if from_env is not None else f.default)
+        preset = (presets or {}).get(f.name)
+        preset_note = f"; {preset_flag} {preset!r}" if preset is not None else ""
+        help_text = f"{f.metadata.get('help', '')} [env {env}; default {shown!r}{preset_note}]"
         if kind is bool:
-            parser.add_argument(flag, default=default, action=argparse.BooleanOptionalAction, help=help_text)
+            parser.add_argument(flag_name(f.name), default=from_env, action=argparse.BooleanOptionalAction,
+                                help=help_text)
         else:
-            parser.add_argument(flag, default=default, type=kind, help=help_text, metavar=f.name.upper())
+            parser.add_argument(flag_name(f.name), default=from_env, type=_converter(kind), help=help_text,
+                                metavar=f.name.upper())
 
 
-def from_namespace(settings_type: type[Settings], namespace: argparse.Namespace) -> Settings:
-    """Settings from parsed options; fields the parser did not offer keep their defaults."""
-    given = {f.name: getattr(namespace, f.name) for f in fields(settings_type) if hasattr(namespace, f.name)}
-    return settings_type(**given)
+def from_namespace(settings_type: type[Settings], namespace: argparse.Namespace,
+                   presets: Mapping[str, Any] | None = None) -> Settings:
+    """Settings from options parsed by `add_arguments`: what was given (command line or environment),
+    else the preset, else the default; fields the parser did not offer take their preset or default."""
+    values = {name: value for name, value in (presets or {}).items()}
+    for f in fields(settings_type):
+        given = getattr(namespace, f.name, None)
+        if given is not None:
+            values[f.name] = given
+    return settings_type(**values)
 
 
-def to_argv(settings: Any, settings_type: type) -> list[str]:
-    """The command-line options that rebuild `settings` as `settings_type` in a child process."""
+def to_argv(settings: Any, settings_type: type, names: Collection[str] | None = None) -> list[str]:
+    """The options that give a child process `settings`' values of `settings_type`'s fields (only
+    those in `names`, when given). Secret fields are left out: see `secret_environment`."""
     argv: list[str] = []
     for f in fields(settings_type):
+        if is_secret(f) or (names is not None and f.name not in names):
+            continue
         value = getattr(settings, f.name)
-        flag = "--" + f.name.replace("_", "-")
         if isinstance(value, bool):
-            argv.append(flag if value else "--no-" + f.name.replace("_", "-"))
+            argv.append(flag_name(f.name) if value else "--no-" + flag_name(f.name)[2:])
+        elif isinstance(value, tuple):
+            argv += [flag_name(f.name), ",".join(str(item) for item in value) or "none"]
         else:
-            argv += [flag, str(value)]
+            argv += [flag_name(f.name), str(value)]
     return argv
+
+
+def secret_names(*settings_types: type, prefix: str = ENV_PREFIX) -> set[str]:
+    """The environment variables of every secret field of these settings."""
+    return {env_name(f.name, prefix) for t in settings_types for f in fields(t) if is_secret(f)}
+
+
+def secret_environment(settings: Any, settings_type: type, prefix: str = ENV_PREFIX) -> dict[str, str]:
+    """The secret fields of `settings` that are set, as the environment variables a child reads them from."""
+    return {env_name(f.name, prefix): str(getattr(settings, f.name)) for f in fields(settings_type)
+            if is_secret(f) and getattr(settings, f.name)}

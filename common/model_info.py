@@ -9,6 +9,7 @@ config_sentence_transformers.json). This module turns them into one ModelInfo.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,3 +237,39 @@ def _is_default(path: Path) -> bool:
         return path == default_model_dir().resolve()
     except ModelError:
         return False
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def hub_cache_dir() -> Path:
+    """Where huggingface_hub keeps downloads: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def resolve_model_dir(model: str) -> Path:
+    """The checkpoint directory `--model` names: the packaged MiniLM when empty, a directory as given,
+    or a hub id (org/name) found in the local Hugging Face cache (models--org--name/snapshots/<rev>,
+    the revision refs/main names, else the newest). Nothing is downloaded; a hub id that is not in
+    the cache raises ModelError saying how to make a local copy."""
+    if not model:
+        return default_model_dir()
+    path = Path(model).expanduser()
+    if path.exists() or not _HUB_ID.match(model):
+        return path
+    repo = hub_cache_dir() / ("models--" + model.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    ref = repo / "refs" / "main"
+    if ref.is_file() and (snapshots / ref.read_text().strip()).is_dir():
+        return snapshots / ref.read_text().strip()
+    found = sorted((p for p in snapshots.glob("*") if (p / "config.json").is_file()), key=lambda p: p.stat().st_mtime)
+    if found:
+        return found[-1]
+    raise ModelError(
+        f"{model!r} is neither a directory nor in the Hugging Face cache ({hub_cache_dir()}); Quiver does not "
+        f"download models: make a local copy with `huggingface-cli download {model} --local-dir DIR` "
+        f"and pass --model DIR"
+    )

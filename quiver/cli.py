@@ -4,14 +4,17 @@ role each (for systemd). Every option can also come from a QUIVER_* environment 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Callable
 
 from quiver.common.config import (
-    BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, add_arguments, from_namespace,
+    SERVE_HIDDEN, BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, add_arguments, from_namespace,
 )
 from quiver.common.logs import setup_logging
+from quiver.common.model_info import EXIT_MODEL_ERROR
 from quiver.common.version import __version__
 
 
@@ -23,12 +26,27 @@ def _broker(args: argparse.Namespace) -> int:
     return run_broker(settings)
 
 
+def _with_model_dir(settings: WorkerSettings | FrontendSettings) -> bool:
+    """Resolve --model (a directory, or a hub id in the local Hugging Face cache) in place; False,
+    after logging why, when it names nothing usable."""
+    from quiver.common.model_info import ModelError, resolve_model_dir
+
+    if not settings.model:
+        return True
+    try:
+        settings.model = str(resolve_model_dir(settings.model))
+    except ModelError as exc:
+        logging.getLogger("quiver").error("cannot load the model: %s", exc)
+        return False
+    return True
+
+
 def _worker(args: argparse.Namespace) -> int:
     from quiver.worker.main import run_worker
 
     settings = from_namespace(WorkerSettings, args)
     setup_logging(settings.log_level, f"worker:{settings.name or settings.device}")
-    return run_worker(settings)
+    return run_worker(settings) if _with_model_dir(settings) else EXIT_MODEL_ERROR
 
 
 def _frontend(args: argparse.Namespace) -> int:
@@ -36,13 +54,21 @@ def _frontend(args: argparse.Namespace) -> int:
 
     settings = from_namespace(FrontendSettings, args)
     setup_logging(settings.log_level, "frontend")
-    return run_frontend(settings)
+    return run_frontend(settings) if _with_model_dir(settings) else EXIT_MODEL_ERROR
 
 
 def _keys(args: argparse.Namespace) -> int:
     from quiver.common.security import make_keys
 
-    public, secret = make_keys(args.dir, args.name)
+    directory = Path(args.dir)
+    existing = [p for p in (directory / f"{args.name}.key", directory / f"{args.name}.key_secret") if p.exists()]
+    if existing and not args.force:
+        print(f"quiver keys: {', '.join(map(str, existing))} exists already; pass --force to replace the key pair "
+              f"(peers holding the old public key will be refused)", file=sys.stderr)
+        return 1
+    if not directory.is_dir():
+        print(f"creating the directory {directory}")
+    public, secret = make_keys(directory, args.name)
     print(f"public key (give it to peers): {public}\nsecret key (keep it here):     {secret}")
     return 0
 
@@ -59,7 +85,7 @@ COMMANDS_GROUP = "quiver.commands"  # entry points that add a subcommand: fn(sub
 
 ROLES: dict[str, tuple[type, Callable[[argparse.Namespace], int], str, frozenset[str]]] = {
     "serve": (ServeSettings, _serve, "start broker, workers and frontend on this host and supervise them",
-              frozenset({"broker", "curve_secret_key", "curve_broker_key"})),
+              SERVE_HIDDEN),
     "broker": (BrokerSettings, _broker, "run the broker that spreads chunks over workers", frozenset()),
     "frontend": (FrontendSettings, _frontend, "run the HTTP frontend", frozenset()),
     "worker": (WorkerSettings, _worker, "run one worker on one device", frozenset()),
@@ -77,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                                description="Write NAME.key (public) and NAME.key_secret (secret) into DIR.")
     keys.add_argument("--dir", default=".", help="directory to write the key files into")
     keys.add_argument("--name", required=True, help="the key pair's name, e.g. broker or worker-gpu3")
+    keys.add_argument("--force", action="store_true", help="replace an existing key pair of that name")
     keys.set_defaults(run=_keys)
     for command in entry_points(group=COMMANDS_GROUP):  # e.g. `bench`, from the quiver-bench distribution
         command.load()(commands)

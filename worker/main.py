@@ -18,7 +18,7 @@ import zmq
 from quiver.common import sdnotify
 from quiver.common.config import WorkerSettings
 from quiver.common.metrics import serve_metrics
-from quiver.common.model_info import EXIT_MODEL_ERROR, ModelError, default_model_dir, tasks_for_kind
+from quiver.common.model_info import EXIT_MODEL_ERROR, default_model_dir, tasks_for_kind
 from quiver.common.protocol import PROTOCOL_VERSION, Ready
 from quiver.common.transport import make_socket, send
 from quiver.worker import metrics
@@ -51,8 +51,9 @@ def run_worker(settings: WorkerSettings) -> int:
             max_batch_tokens=settings.max_batch_tokens or None, max_batch_seqs=settings.max_batch_seqs or None,
             gpu_memory_fraction=settings.gpu_memory_fraction or None, cuda_graphs=settings.cuda_graphs,
         )
-    except (ModelError, OSError, ValueError, KeyError, RuntimeError) as exc:
-        log.error("worker %s cannot load the model from %s on %s: %s", name, model_dir, settings.device, exc)
+    except Exception as exc:  # any failure here (a truncated file, no CUDA in torch, ...): retrying won't help
+        log.error("worker %s cannot load the model from %s on %s: %s: %s", name, model_dir, settings.device,
+                  type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
         return EXIT_MODEL_ERROR
     info = engine.info
     log.info("worker %s: %s (%s) on %s in %s; batches of up to %d tokens / %d sequences",

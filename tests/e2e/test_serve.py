@@ -1,9 +1,11 @@
 """`quiver serve` as a user runs it: starts everything, restarts a crashed worker, stops cleanly,
-and refuses to start (non-zero, with a reason) when the broker or the model cannot."""
+refuses to start (non-zero, with the child's reason) when the broker, the frontend or the model
+cannot, runs twice on one host, exposes every role's metrics, and keeps the API key off command lines."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,14 +35,13 @@ def children_of(pid: int) -> dict[int, str]:
     return found
 
 
-def serve(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, Path]:
-    port = free_port()
+def serve(*args: str, env: dict[str, str] | None = None, port: int = 0) -> tuple[subprocess.Popen, str, Path]:
+    """`quiver serve` with its defaults (private broker endpoints, default metrics ports) but a free HTTP port."""
+    port = port or free_port()
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"quiver-serve-{port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("QUIVER_")}
     full_env.update({"PYTHONUNBUFFERED": "1", "QUIVER_HEARTBEAT_INTERVAL_S": "0.25", **(env or {})})
-    argv = [sys.executable, "-m", "quiver", "serve", "--port", str(port),
-            "--frontend-endpoint", f"tcp://127.0.0.1:{free_port()}",
-            "--worker-endpoint", f"tcp://127.0.0.1:{free_port()}", *args]
+    argv = [sys.executable, "-m", "quiver", "serve", "--port", str(port), *args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     return proc, f"http://127.0.0.1:{port}", log_path
@@ -88,10 +89,112 @@ def test_serve_runs_restarts_a_crashed_worker_and_stops_cleanly():
             proc.kill()
 
 
-def test_serve_exits_nonzero_when_the_model_cannot_load(tmp_path):
+def option_value(cmdline: str, flag: str) -> str:
+    words = cmdline.split()
+    return words[words.index(flag) + 1]
+
+
+def test_two_serves_on_one_host_each_with_every_roles_metrics_and_no_key_on_a_command_line():
+    key = "s3cret-key-never-on-argv"
+    env = {"QUIVER_API_KEY": key, "QUIVER_WATCHDOG_S": "7", "QUIVER_MAX_BATCH_SEQS": "48"}
+    first, first_url, first_log = serve("--threads", "1", env=env)
+    second, second_url, second_log = serve("--threads", "1", env=env)
+    try:
+        wait_workers(first_url, 1, first, first_log)
+        wait_workers(second_url, 1, second, second_log)
+        for url in (first_url, second_url):
+            response = httpx.post(url + "/embed", json={"inputs": "two servers"}, timeout=30,
+                                  headers={"Authorization": f"Bearer {key}"})
+            assert response.status_code == 200, response.text
+        ports = []
+        for proc, url in ((first, first_url), (second, second_url)):
+            children = children_of(proc.pid)
+            assert len(children) == 3, children
+            for pid, cmdline in children.items():
+                assert key not in cmdline
+                # Only the frontend, which checks the key, has it, in its environment.
+                assert (key.encode() in Path(f"/proc/{pid}/environ").read_bytes()) == (" frontend " in cmdline)
+            broker = next(c for c in children.values() if " broker " in c)
+            worker = next(c for c in children.values() if " worker " in c)
+            assert option_value(broker, "--frontend-endpoint").startswith("ipc://")
+            assert option_value(worker, "--watchdog-s") == "7.0" and option_value(worker, "--max-batch-seqs") == "48"
+            broker_port, worker_port = int(option_value(broker, "--metrics-port")), int(option_value(worker, "--metrics-port"))
+            ports += [broker_port, worker_port]
+            assert "quiver_broker_" in httpx.get(f"http://127.0.0.1:{broker_port}/metrics", timeout=10).text
+            assert "quiver_worker_" in httpx.get(f"http://127.0.0.1:{worker_port}/metrics", timeout=10).text
+            assert "quiver_" in httpx.get(url + "/metrics", timeout=10).text
+        assert len(set(ports)) == 4, ports
+        assert "is taken; using" in second_log.read_text() or 9300 not in ports[2:]
+    finally:
+        for proc in (first, second):
+            proc.send_signal(signal.SIGTERM)
+        for proc in (first, second):
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_serve_ends_with_the_frontends_reason_when_its_port_is_taken():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proc, _, log_path = serve("--threads", "1", port=taken.getsockname()[1])
+        assert proc.wait(120) == 1
+    text = log_path.read_text()
+    assert "frontend could not start" in text and "address already in use" in text, text
+    assert text.count("started frontend") == 1, text
+
+
+@pytest.mark.parametrize("device", ["gpu", "CUDA", "cuda:x", "cuda:0,0", "cuda0"],
+                         ids=["the-word-g-p-u", "upper-case", "not-a-number", "twice", "no-colon"])
+def test_serve_refuses_a_malformed_device(device):
+    proc, _, log_path = serve("--device", device)
+    assert proc.wait(60) == 2
+    text = log_path.read_text()
+    assert f"--device {device!r}" in text and "started" not in text, text
+
+
+def truncated_checkpoint(tmp_path: Path) -> Path:
+    """The packaged MiniLM with its weights cut in half, as an interrupted download leaves them."""
+    from quiver.common.model_info import default_model_dir
+
+    broken = tmp_path / "truncated"
+    shutil.copytree(default_model_dir(), broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return broken
+
+
+def test_a_worker_that_cannot_load_its_model_exits_78_with_one_line(tmp_path):
+    broken = truncated_checkpoint(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "quiver", "worker", "--model", str(broken), "--broker",
+                          f"tcp://127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 78, out.stderr
+    errors = [line for line in out.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "SafetensorError" in errors[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: --device cuda loads")
+    out = subprocess.run([sys.executable, "-m", "quiver", "worker", "--device", "cuda", "--broker",
+                          f"tcp://127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 78, out.stderr
+    assert "cannot load the model" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_serve_stops_with_78_when_the_model_cannot_load(tmp_path):
     proc, _, log_path = serve("--model", str(tmp_path / "missing"))
-    assert proc.wait(60) != 0
+    assert proc.wait(60) == 78
     assert "does not exist" in log_path.read_text()
+
+    proc, _, log_path = serve("--model", str(truncated_checkpoint(tmp_path)), "--threads", "1")
+    assert proc.wait(120) == 78
+    text = log_path.read_text()
+    assert "worker cpu-0 could not start (exit code 78)" in text and "SafetensorError" in text, text
+    assert text.count("started worker") == 1, text
 
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -101,7 +204,7 @@ def test_serve_exits_nonzero_when_the_model_cannot_load(tmp_path):
 
     (broken / "tokenizer.json").write_bytes((default_model_dir() / "tokenizer.json").read_bytes())
     proc, _, log_path = serve("--model", str(broken), "--workers", "1")
-    assert proc.wait(90) != 0
+    assert proc.wait(90) == 78
     text = log_path.read_text()
     assert "cannot load the model" in text, text
 

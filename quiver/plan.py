@@ -1,0 +1,163 @@
+"""What `quiver serve` starts: its settings mapped onto each child's settings, command line and environment.
+
+One rule for every role: a child gets serve's value of each of its fields that serve also offers, plus
+the values serve decides for it (endpoints, device, name, metrics port, threads, the resolved model).
+Any other field is left to the child, which reads it from the QUIVER_* environment it inherits, so
+`QUIVER_WATCHDOG_S=5 quiver serve` reaches the workers. Secrets (fields marked secret, such as the API
+key) are taken out of every child's environment and given, as environment variables, only to the
+child whose settings have them: never on a command line, where `ps` shows them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from quiver.common.config import (
+    SERVE_HIDDEN, BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, secret_environment, secret_names,
+    to_argv,
+)
+from quiver.common.model_info import EXIT_MODEL_ERROR
+
+log = logging.getLogger("quiver.serve")
+
+EXIT_USAGE = 2
+DEFAULT_GPU_BUSY_POLL_US = 500
+_CUDA_LIST = re.compile(r"^cuda:(\d+(?:,\d+)*)$")
+
+
+class ServeError(Exception):
+    """serve cannot start as asked; `exit_code` is EXIT_USAGE for a malformed option, else EX_CONFIG."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class ChildSpec:
+    name: str
+    role: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+def check_device_syntax(spec: str) -> None:
+    """Raise ServeError(EXIT_USAGE) unless `spec` is '', cpu, cuda, cuda:N or cuda:N,M,..."""
+    if spec in ("", "cpu", "cuda"):
+        return
+    match = _CUDA_LIST.match(spec)
+    if match is None:
+        raise ServeError(f"--device {spec!r} is not a device: use cpu, cuda (every visible GPU), cuda:N or "
+                         f"cuda:N,M (those GPUs)", EXIT_USAGE)
+    indices = match.group(1).split(",")
+    if len(set(indices)) != len(indices):
+        raise ServeError(f"--device {spec!r} names a GPU twice", EXIT_USAGE)
+
+
+def visible_gpus() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _no_gpu_reason() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is a CPU-only build; install a CUDA build of torch"
+    return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU"
+
+
+def worker_devices(spec: str, workers: int, gpus: int) -> list[str]:
+    """One device per worker. cpu: `workers` CPU workers (at least one). cuda / cuda:N,M: those GPUs,
+    or the first `workers` of them. Empty: every visible GPU, else one CPU worker."""
+    check_device_syntax(spec)
+    if spec == "cpu" or (spec == "" and gpus == 0):
+        return ["cpu"] * max(workers, 1)
+    if gpus == 0:
+        raise ServeError(f"--device {spec}: no GPU is visible ({_no_gpu_reason()})", EXIT_MODEL_ERROR)
+    match = _CUDA_LIST.match(spec)
+    indices = [int(i) for i in match.group(1).split(",")] if match else list(range(gpus))
+    missing = [i for i in indices if i >= gpus]
+    if missing:
+        raise ServeError(f"--device {spec}: cuda:{missing[0]} is not visible ({gpus} GPU(s) visible)", EXIT_MODEL_ERROR)
+    if workers > len(indices):
+        raise ServeError(f"--workers {workers}: more than the {len(indices)} GPU(s) of --device", EXIT_USAGE)
+    return [f"cuda:{i}" for i in indices[:workers or len(indices)]]
+
+
+def pick_port(preferred: int, host: str, what: str) -> int:
+    """`preferred` when it can be bound on `host`, else a free port (logged); 0 stays 0 (none)."""
+    if preferred <= 0:
+        return 0
+    for port in (preferred, 0):
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            chosen = probe.getsockname()[1]
+        if chosen != preferred:
+            log.warning("port %d for %s is taken; using %d", preferred, what, chosen)
+        return chosen
+    raise ServeError(f"cannot bind any port on {host} for {what}", EXIT_MODEL_ERROR)
+
+
+def _role_values(settings: ServeSettings, role_type: type, decided: dict[str, Any]) -> dict[str, Any]:
+    """The role's fields that serve offers (same name), overlaid with what serve decided."""
+    role_fields = {f.name for f in fields(role_type)}
+    offered = {f.name for f in fields(ServeSettings)} - SERVE_HIDDEN
+    values = {name: getattr(settings, name) for name in role_fields & offered}
+    values.update(decided)
+    return values
+
+
+def _child(name: str, role: str, role_type: type, values: dict[str, Any], base_env: dict[str, str]) -> ChildSpec:
+    role_settings = role_type(**values)
+    argv = [sys.executable, "-m", "quiver", role, *to_argv(role_settings, role_type, values.keys())]
+    env = {**base_env, **secret_environment(role_settings, role_type)}
+    return ChildSpec(name, role, argv, env)
+
+
+def plan_children(settings: ServeSettings, model_dir: Path, runtime_dir: Path, gpus: int) -> list[ChildSpec]:
+    """broker first, then the workers, then the frontend."""
+    s = settings
+    devices = worker_devices(s.device, s.workers, gpus)
+    on_gpu = devices[0] != "cpu"
+    frontend_endpoint = s.frontend_endpoint or f"ipc://{runtime_dir}/frontend.sock"
+    worker_endpoint = s.worker_endpoint or f"ipc://{runtime_dir}/worker.sock"
+    # Busy polling buys latency with CPU time: worth it beside GPUs, not where the CPUs do the work.
+    busy_poll_us = s.busy_poll_us if s.busy_poll_us >= 0 else (DEFAULT_GPU_BUSY_POLL_US if on_gpu else 0)
+    base_env = {k: v for k, v in os.environ.items()
+                if k not in secret_names(BrokerSettings, WorkerSettings, FrontendSettings)}
+    base_env.pop("WATCHDOG_USEC", None)  # systemd's watchdog, if any, watches serve, not its children
+    base_env.pop("WATCHDOG_PID", None)
+
+    children = [_child("broker", "broker", BrokerSettings, _role_values(s, BrokerSettings, {
+        "frontend_endpoint": frontend_endpoint, "worker_endpoint": worker_endpoint, "busy_poll_us": busy_poll_us,
+        "metrics_port": pick_port(s.broker_metrics_port, s.metrics_host, "the broker's /metrics"),
+    }), base_env)]
+    threads = s.threads or max(1, (os.cpu_count() or 1) // len(devices))
+    for index, device in enumerate(devices):
+        name = device if device != "cpu" else f"cpu-{index}"
+        port = pick_port(s.worker_metrics_port + index if s.worker_metrics_port else 0, s.metrics_host,
+                         f"worker {name}'s /metrics")
+        children.append(_child(f"worker {name}", "worker", WorkerSettings, _role_values(s, WorkerSettings, {
+            "broker": worker_endpoint, "model": str(model_dir), "device": device, "name": name,
+            "threads": threads if device == "cpu" else 0, "busy_poll_us": busy_poll_us, "metrics_port": port,
+        }), base_env))
+    children.append(_child("frontend", "frontend", FrontendSettings, _role_values(s, FrontendSettings, {
+        "broker": frontend_endpoint, "model": str(model_dir),
+    }), base_env))
+    return children
