@@ -25,6 +25,8 @@ INFO = define("quiver_worker_info")
 BATCH_SEQUENCES = define("quiver_worker_batch_sequences")
 BATCH_TOKENS = define("quiver_worker_batch_tokens")
 STEP_SECONDS = define("quiver_worker_step_seconds")
+STEP_CHUNKS = define("quiver_worker_step_chunks")
+GPU_BUSY_SECONDS = define("quiver_worker_busy_seconds_total")
 CHUNKS = define("quiver_worker_chunks_total")
 FAILED_BATCHES = define("quiver_worker_failed_batches_total")
 QUEUE_DEPTH = define("quiver_worker_queue_depth")
@@ -96,7 +98,7 @@ class EngineCollector(Collector):
             if value is None:
                 continue  # the engine no longer reports it: the contract test says so
             if entry.kind == "counter":
-                family: Metric = CounterMetricFamily(entry.family, entry.help)
+                family: CounterMetricFamily | GaugeMetricFamily = CounterMetricFamily(entry.family, entry.help)
             else:
                 family = GaugeMetricFamily(entry.name, entry.help)
             family.add_metric([], float(value))
