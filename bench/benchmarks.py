@@ -136,27 +136,35 @@ class BenchmarkRun:
     # ---- concurrency: clients sending single texts ----------------------------------------------
 
     async def concurrency(self) -> dict[str, Entry]:
+        """Every level twice: first with no warm-up at all (on a fresh server, its first requests), then
+        again after warm-up requests; the entry holds the warmed figures and the first run's as first_*."""
         if not self.work.concurrency:
             return {}
-        results = {}
+        results: dict[str, Entry] = {}
+        levels = [level for level in self.config.concurrency_levels if self._clients(level) >= level]
         for level in self.config.concurrency_levels:
-            if self._clients(level) < level:
+            if level not in levels:
                 results[str(level)] = {"skipped": "in-process: one caller at a time"}
-            else:
-                results[str(level)] = await self._guarded(self._concurrency_at, level)
-        return results
+        first = {level: await self._guarded(self._concurrency_at, level, False) for level in levels}
+        for level in levels:
+            entry = await self._guarded(self._concurrency_at, level, True)
+            if "p50" in first[level]:
+                entry.update({f"first_{key}": first[level][key] for key in ("p50", "p99", "max")})
+            results[str(level)] = entry
+        return {key: results[key] for key in map(str, self.config.concurrency_levels)}
 
-    async def _concurrency_at(self, level: int) -> Entry:
+    async def _concurrency_at(self, level: int, warmed: bool) -> Entry:
         config = self.config
-        per_client, warmup = config.concurrency_requests, min(config.warmup, 2)
+        per_client, warmup = config.concurrency_requests, min(config.warmup, 2) if warmed else 0
         calls = [self.target.embed_texts_call([text]) for text in self.work.concurrency]
         clients = [_repeat(calls, per_client, offset=c * per_client) for c in range(level)]
-        warm = [_repeat(calls, warmup, offset=c) for c in range(level)]
-        measurement = await self._drive(f"concurrency {level} x {config.concurrency_length} tok text",
+        warm = [_repeat(calls, warmup, offset=c) for c in range(level)] if warmup else []
+        run = "warmed" if warmed else "first run"
+        measurement = await self._drive(f"concurrency {level} x {config.concurrency_length} tok text, {run}",
                                         clients, warm, level * per_client)
         entry = percentiles(measurement.latencies_ms)
         entry["requests_per_s"] = round(measurement.requests / measurement.wall_s, 2)
-        self.report(f"concurrency {level} [{self.target.name}]: p50 {entry['p50']} ms, p99 {entry['p99']} ms")
+        self.report(f"concurrency {level}, {run} [{self.target.name}]: p50 {entry['p50']} ms, p99 {entry['p99']} ms")
         return entry
 
     # ---- bulk: a corpus of mixed lengths, batches taken from one queue --------------------------

@@ -20,7 +20,7 @@ def _cell(entry: Any, keys: tuple[str, ...]) -> str:
         return "error"
     if "skipped" in entry:
         return "skipped"
-    return " / ".join(_number(entry[key]) for key in keys)
+    return " / ".join(_number(entry[key]) if key in entry else "–" for key in keys)
 
 
 def _number(value: float) -> str:
@@ -93,7 +93,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _table(b["throughput"], f"Throughput, {b['throughput'].get('clients')} clients x batches of "
                                      f"{b['throughput'].get('batch')} token-id sequences (emb/s)", "{} tok", ("emb_per_s",))
     lines += _table(b["concurrency"], f"Concurrency, single texts of {b['concurrency'].get('length')} tokens, "
-                                      "tokenization included (ms: p50 / p99)", "{} clients", ("p50", "p99"))
+                                      "tokenization included (ms: first run p50 / p99, then warmed p50 / p99)",
+                    "{} clients", ("first_p50", "first_p99", "p50", "p99"))
     corpus_size = f"{b['bulk']['texts']} " if b["bulk"].get("texts") else ""
     lines += _table(b["bulk"], f"Bulk, {corpus_size}texts of mixed lengths (texts / tokens / s / emb/s / tokens/s)", "{}",
                     ("texts", "tokens", "seconds", "emb_per_s", "tokens_per_s"))

@@ -8,7 +8,8 @@
 #
 #   bash bench/run_gpu.sh [STAND_IN ...]
 #       STAND_IN: pplx-embed-0.6b-shape, bge-m3-shape (the two defaults), bge-reranker-v2-m3-shape
-#   environment: OUT (default bench/out/gpu), SERVE_ARGS (more `quiver serve` options), BENCH_ARGS (more
+#   environment: OUT (default bench/out/gpu), SERVE_ARGS (more `quiver serve` options; with
+#       "--worker-metrics-port P" also set WORKER_METRICS_PORT=P to keep the worker's counters), BENCH_ARGS (more
 #       `quiver bench` options, e.g. "--baselines none" on the two-GPU run), QUIVER_BENCH_* (any bench option);
 #       DEVICE=cpu STAND_IN_ARGS=--small tries the whole script on a CPU with narrow two-layer stand-ins.
 #
@@ -82,6 +83,10 @@ for name in "${names[@]}"; do
     echo "run_gpu.sh: the server on $name did not become healthy; its log ends:" | tee -a "$log"
     tail -n 40 "$result/serve.log" | tee -a "$log"
     status=1
+  fi
+  if [ -n "${WORKER_METRICS_PORT:-}" ]; then  # the worker's own counters over the run: steps, chunks per step, busy time
+    $PY -c "import urllib.request as u; print(''.join(l for l in u.urlopen('http://127.0.0.1:$WORKER_METRICS_PORT/metrics').read().decode().splitlines(True) if l.startswith(('quiver_worker_step_', 'quiver_worker_busy', 'quiver_worker_graph', 'quiver_worker_eager', 'quiver_worker_startup', 'quiver_worker_batch_sequences_'))))" \
+      > "$result/worker-metrics.txt" 2>&1
   fi
   kill -TERM "$server" 2>/dev/null
   wait "$server"

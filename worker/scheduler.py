@@ -1,9 +1,17 @@
-"""First-come-first-served scheduling of sequences into batches under a token budget.
+"""First-come-first-served scheduling of sequences into steps under a token budget, shaped for the tail.
 
-Chunks arrive whole; their sequences join one pool in arrival order. Each batch takes sequences from
-the front of the pool until the token budget or the sequence cap is reached (a single sequence longer
-than the budget runs alone). Batch N+1 is launched before the results of batch N are read, so the
-CPU prepares and unpacks while the device computes. A chunk's result goes back once all its rows are in.
+Chunks arrive whole and wait in arrival order. Each step takes sequences up to the token budget and the
+sequence cap (a single sequence longer than the budget runs alone): first from chunks that have not run
+yet, in arrival order, then the rest of chunks that already had a step. So a request arriving while a
+long one is being worked through waits at most for the step in flight, and the long one goes on with
+what is left of the budget.
+
+One step runs on the device at a time. While it runs the scheduler does the CPU side of the step before
+(scatter the rows, answer finished chunks) and collects arrivals; it waits on the running step's event and
+then launches everything that is waiting as the next step, so that under load a step takes all waiting
+requests up to the budget instead of many small steps queueing behind each other. The engine is reached
+through StepEngine (the real Engine satisfies it; tests use the real one on CPU); this module does not
+import torch itself, but the engine package it takes Batch from does.
 """
 
 from __future__ import annotations
@@ -13,15 +21,15 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
 from quiver.common.model_info import tasks_for_kind
 from quiver.common.protocol import Cancel, Chunk, Error, ErrorCode, Message, Result
 from quiver.worker import metrics
-from quiver.worker.engine import Batch
+from quiver.worker.engine.batch import Batch
 from quiver.worker.host_memory import TRIM_EVERY_STEPS, release_free_memory
 
 log = logging.getLogger("quiver.worker.scheduler")
@@ -35,13 +43,32 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return "OutOfMemoryError" in type(exc).__name__ or "out of memory" in str(exc).lower()
 
 
+class StepResult(Protocol):
+    """What engine.step returns (a LazyTensor on a GPU): rows once the step is done, then released."""
+
+    def wait(self, copy: bool = True) -> np.ndarray: ...
+
+    def release(self) -> None: ...
+
+
+@runtime_checkable
+class StepEngine(Protocol):
+    """The engine as the scheduler uses it: info.model (kind, vocab_size, max_input_length),
+    info.output_dim, and step(), which launches one batch and returns at once on a GPU."""
+
+    info: Any
+
+    def step(self, batch: Batch) -> StepResult: ...
+
+
 @dataclass(eq=False)
 class ChunkJob:
     chunk: Chunk
     received: float
     deadline: float
     offsets: np.ndarray
-    rows_left: int
+    rows_left: int  # rows whose results have not come back
+    next_row: int = 0  # the first row not yet taken into a step
     values: np.ndarray | None = None
     started: float | None = None
     inference_s: float = 0.0
@@ -60,14 +87,13 @@ class SequenceRef:
 
 @dataclass
 class InFlightBatch:
-    lazy: Any
+    lazy: StepResult
     refs: list[SequenceRef]
     launched: float
-    jobs: list[ChunkJob] = field(default_factory=list)
 
 
 class Scheduler:
-    def __init__(self, engine: Any, send: Callable[[Message], None], worker_name: str,
+    def __init__(self, engine: StepEngine, send: Callable[[Message], None], worker_name: str,
                  max_batch_tokens: int, max_batch_seqs: int) -> None:
         self.engine = engine
         self.tasks = tasks_for_kind(engine.info.model.kind)
@@ -79,9 +105,11 @@ class Scheduler:
         self.vocab_size = model.vocab_size
         self.max_seq_len = model.max_input_length
         self.output_dim = engine.info.output_dim
-        self.pool: collections.deque[SequenceRef] = collections.deque()
+        self.waiting: collections.deque[ChunkJob] = collections.deque()  # jobs with rows not yet taken
+        self.waiting_seqs = 0
         self.jobs: dict[str, ChunkJob] = {}
         self.steps = 0
+        self.busy_until = 0.0  # when the device last finished a step (for the busy-time counter)
         self.trimmed_at_step = 0
         self.loop_at = time.monotonic()
 
@@ -105,7 +133,8 @@ class Scheduler:
         job = ChunkJob(chunk=message, received=now, deadline=now + message.timeout_s,
                        offsets=offsets, rows_left=message.num_seqs)
         self.jobs[message.chunk_id] = job
-        self.pool.extend(SequenceRef(job, row) for row in range(message.num_seqs))
+        self.waiting.append(job)
+        self.waiting_seqs += message.num_seqs
 
     def _check(self, chunk: Chunk) -> str:
         if chunk.task not in self.tasks:
@@ -120,28 +149,35 @@ class Scheduler:
 
     # batching ----------------------------------------------------------------------------------
     def next_batch(self) -> tuple[Batch, list[SequenceRef]] | None:
-        """Take sequences from the front of the pool up to the budgets; None when nothing waits."""
+        """Take sequences up to the budgets, chunks that have not run yet first; None when nothing waits."""
         refs: list[SequenceRef] = []
         tokens = 0
         now = time.monotonic()
-        while self.pool and len(refs) < self.max_batch_seqs:
-            ref = self.pool[0]
-            job = ref.job
+        fresh = [job for job in self.waiting if job.started is None]
+        continuing = [job for job in self.waiting if job.started is not None]
+        full = False
+        for job in fresh + continuing:
+            if full:
+                break
             if job.closed:
-                self.pool.popleft()
                 continue
             if job.deadline < now:
-                self.pool.popleft()
                 self._close(job)
                 self._fail_chunk(job.chunk.chunk_id, ErrorCode.EXPIRED, "the request's deadline passed before it ran")
                 continue
-            if refs and tokens + ref.length > self.max_batch_tokens:
-                break
-            self.pool.popleft()
-            refs.append(ref)
-            tokens += ref.length
-            if job.started is None:
-                job.started = now
+            while job.next_row < job.chunk.num_seqs:
+                length = int(job.chunk.seq_lens[job.next_row])
+                if len(refs) >= self.max_batch_seqs or (refs and tokens + length > self.max_batch_tokens):
+                    full = True
+                    break
+                refs.append(SequenceRef(job, job.next_row))
+                tokens += length
+                job.next_row += 1
+                if job.started is None:
+                    job.started = now
+        self.waiting = collections.deque(
+            job for job in self.waiting if not job.closed and job.next_row < job.chunk.num_seqs)
+        self.waiting_seqs = sum(job.chunk.num_seqs - job.next_row for job in self.waiting)
         if not refs:
             return None
         return self._assemble(refs), refs
@@ -169,6 +205,7 @@ class Scheduler:
     def launch(self, batch: Batch, refs: list[SequenceRef]) -> InFlightBatch:
         metrics.BATCH_SEQUENCES.observe(batch.num_seqs)
         metrics.BATCH_TOKENS.observe(batch.num_tokens)
+        metrics.STEP_CHUNKS.observe(len({id(ref.job) for ref in refs}))
         launched = time.monotonic()
         return InFlightBatch(lazy=self.engine.step(batch), refs=refs, launched=launched)
 
@@ -176,12 +213,21 @@ class Scheduler:
         """Wait for a launched batch, copy its rows into their chunks, answer the finished chunks."""
         try:
             rows = flight.lazy.wait(copy=False)  # read in place: _scatter copies each row to its chunk
+            self._count_busy(flight.launched)
             self._scatter(rows, flight)
         finally:
             flight.lazy.release()
-        elapsed = time.monotonic() - flight.launched
-        metrics.STEP_SECONDS.observe(elapsed)
+        self._close_step(flight)
+
+    def _count_busy(self, launched: float) -> None:
+        done = time.monotonic()
+        metrics.GPU_BUSY_SECONDS.inc(max(0.0, done - max(launched, self.busy_until)))
+        metrics.STEP_SECONDS.observe(done - launched)
+        self.busy_until = done
+
+    def _close_step(self, flight: InFlightBatch) -> None:
         self.steps += 1
+        elapsed = self.busy_until - flight.launched
         for job in {id(ref.job): ref.job for ref in flight.refs}.values():
             job.inference_s += elapsed
             if job.rows_left == 0 and not job.closed:
@@ -244,33 +290,46 @@ class Scheduler:
     # loop --------------------------------------------------------------------------------------
     def run(self, inbox: queue.Queue[Chunk | Cancel], stop: threading.Event, drain: threading.Event) -> None:
         """Serve until `stop`; after `drain`, finish what is held and return."""
-        pending: InFlightBatch | None = None
+        running: InFlightBatch | None = None
         while not stop.is_set():
             self.loop_at = time.monotonic()
-            idle = pending is None and not self.pool
+            idle = running is None and not self.waiting
             if idle and drain.is_set() and inbox.empty():
                 return
             if self.steps - self.trimmed_at_step >= TRIM_EVERY_STEPS:
                 self._trim()
             self._absorb(inbox, block=idle)
+            rows = None
+            if running is not None:
+                # The device is busy with `running`: wait for it, then launch everything that is waiting
+                # by then, so arrivals during a step join the next one instead of queueing small steps.
+                try:
+                    rows = running.lazy.wait(copy=False)
+                    self._count_busy(running.launched)
+                except Exception as exc:  # noqa: BLE001 - a failing forward costs its batch at most, never the worker
+                    running.lazy.release()
+                    self.recover(running.refs, exc)
+                    running = None
+                self._absorb(inbox, block=False)
             launched = None
             picked = self.next_batch()
             if picked is not None:
                 try:
                     launched = self.launch(*picked)
-                except Exception as exc:  # noqa: BLE001 - a failing forward costs its batch at most, never the worker
-                    self.recover(picked[1], exc)
-            if pending is not None:
-                try:
-                    self.finish(pending)
                 except Exception as exc:  # noqa: BLE001 - as above
-                    self.recover(pending.refs, exc)
-            pending = launched
-            metrics.QUEUE_DEPTH.set(len(self.pool))
+                    self.recover(picked[1], exc)
+            if running is not None and rows is not None:
+                try:  # the CPU side of the finished step, while the device runs the next one
+                    self._scatter(rows, running)
+                finally:
+                    running.lazy.release()
+                self._close_step(running)
+            running = launched
+            metrics.QUEUE_DEPTH.set(self.waiting_seqs)
             metrics.INFLIGHT_CHUNKS.set(len(self.jobs))
             metrics.loop_tick()  # the loop went round: its timestamp, and systemd's watchdog
-        if pending is not None:
-            self.finish(pending)
+        if running is not None:
+            self.finish(running)
 
     def stalled_for(self, now: float) -> float:
         """Seconds since the loop last went round: long only when a step hangs."""

@@ -46,7 +46,7 @@ def kernel_table(engine: Engine, batch: Batch, steps: int = 3) -> tuple[float, l
 
 def replay_ms(engine: Engine, batch: Batch) -> tuple[float, float]:
     """(GPU ms per replay back to back, CPU ms that one replay() call takes with the GPU idle)."""
-    shape = plan_shape(batch.seq_lens, engine.info.max_batch_tokens, engine.info.graph_max_seqs)
+    shape = plan_shape(batch.seq_lens, engine.graph_limits)
     with torch.inference_mode(), torch.cuda.stream(engine.stream):
         tensors = engine.upload(batch, shape)
         engine.forward_step(shape, tensors)

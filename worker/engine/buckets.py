@@ -1,11 +1,28 @@
-"""Step shapes: how a ragged batch is padded so that CUDA graphs can be reused.
+"""Step shapes: how a ragged batch is padded so that a bounded, known set of CUDA graphs covers it.
 
-A graph is captured for one static shape. Real batches are padded up to a bucket: the token count to a
-multiple of 64 (up to 1024 tokens) or 256 (above), the sequence count to a power of two, and the longest
-sequence (which sizes the attention kernel's grid) to a power of two. Padding tokens form one extra
-"dummy" sequence (all at position 0), so that every token in the padded batch belongs to a well-defined
-sequence, and padding sequences beyond it are empty. A batch of equal-length sequences that already fills its token
-bucket keeps its exact shape ("dense"), which lets dense attention kernels (cuDNN) run on it.
+A graph is captured for one static shape, and every graph is captured at start-up (startup.capture_graphs),
+so the set must be small and known in advance. A shape is keyed by three coarse classes:
+
+- the token bucket: the token count rounded up to a multiple of 64 (up to 1024), then of 256;
+- the row class: the rows (sequences, plus one dummy row holding the padding tokens) rounded up to
+  2, 8, 32, 128, then the engine's row cap (max_batch_seqs + 1); unused rows are empty;
+- the length class: the longest row rounded up to 512 or to the bucket (capped by the longest row the
+  model can have), the bound handed to the attention kernel as max_seqlen.
+
+Sequence count, offsets and lengths travel in the static input buffer (inputs.py), not in the key. Why
+not the token bucket alone: varlen attention's grid is rows x ceil(max_seqlen / 128) x heads, and blocks
+beyond a row's end still launch. With the row cap (257) and max_seqlen = bucket, one 4096-token row
+took 0.62 ms per attention call instead of 0.39, eight 512-token rows in a 4096 bucket 0.23 instead of
+0.06 (H200, Qwen3-0.6B heads, bench/engine/varlen_bound.py); over 28 layers that is 6.5 and 4.6 ms per
+step. The classes keep the waste within a factor of four in rows and in length while the key space stays
+bounded: graph_shapes() lists every shape plan_shape() can return (352 for the pplx-embed / Qwen3-0.6B
+shape with graphs up to 8192 tokens; 129 for all-MiniLM-L6-v2, whose rows stop at 512 tokens), plus
+one exact-length single-row ("dense") shape per bucket, where cuDNN attention runs about twice as fast
+as varlen (0.21 against 0.39 ms at 4096 tokens). Batches above graph_max_tokens run eagerly: they take
+tens of milliseconds on the GPU, so launching their kernels one by one costs little.
+
+Padding tokens form one extra dummy row (all at position 0) so that every token of the padded batch
+belongs to a row; the dummy is shorter than LARGE_TOKEN_STEP, so it never raises the length class.
 """
 
 from __future__ import annotations
@@ -17,7 +34,10 @@ import numpy as np
 SMALL_TOKEN_STEP = 64
 LARGE_TOKEN_STEP = 256
 SMALL_TOKEN_LIMIT = 1024
-MIN_MAXLEN_BUCKET = 64
+ROW_CLASS_BASE = 2  # one sequence and the dummy row
+ROW_CLASS_FACTOR = 4
+SHORT_ROW_LIMIT = 512  # the length classes: up to this, or up to the bucket
+DEFAULT_GRAPH_MAX_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -27,21 +47,29 @@ class StepShape:
     num_seqs: int  # rows of the padded batch: real sequences, then the dummy, then empty ones
     num_tokens: int  # tokens of the padded batch
     max_seqlen: int  # upper bound of any row's length, passed to the attention kernel
-    dense_len: int  # > 0 when every row has exactly this many tokens (no padding at all)
+    dense_len: int  # > 0 when the batch is one row of exactly this many tokens (no padding at all)
     graphable: bool  # False: run eagerly with this exact shape
+
+
+@dataclass(frozen=True)
+class GraphLimits:
+    """What the graph set covers; max_tokens = 0 turns graphs off (every step runs at its exact shape)."""
+
+    max_tokens: int
+    max_rows: int  # rows of the largest padded batch: max_batch_seqs + 1 (the dummy)
+    max_row_len: int  # the longest real row the model takes (its max input length)
+
+    @property
+    def length_cap(self) -> int:
+        return max(self.max_row_len, LARGE_TOKEN_STEP)
+
+
+NO_GRAPHS = GraphLimits(0, 0, 0)
 
 
 def token_bucket(num_tokens: int) -> int:
     step = SMALL_TOKEN_STEP if num_tokens <= SMALL_TOKEN_LIMIT else LARGE_TOKEN_STEP
     return max(step, -(-num_tokens // step) * step)
-
-
-def seq_bucket(num_seqs: int) -> int:
-    return 1 << max(0, (num_seqs - 1).bit_length())
-
-
-def maxlen_bucket(max_len: int, num_tokens: int) -> int:
-    return min(num_tokens, max(MIN_MAXLEN_BUCKET, 1 << max(0, (max_len - 1).bit_length())))
 
 
 def token_buckets(max_tokens: int) -> list[int]:
@@ -54,18 +82,71 @@ def token_buckets(max_tokens: int) -> list[int]:
     return out
 
 
-def plan_shape(seq_lens: np.ndarray, graph_max_tokens: int, graph_max_seqs: int) -> StepShape:
-    """Choose the padded shape of a batch; graph_max_* = 0 turns graphs off (exact shapes)."""
+def row_classes(bucket: int, limits: GraphLimits) -> list[int]:
+    """The row classes of a token bucket, smallest first (a bucket of B tokens holds at most B rows)."""
+    cap = min(limits.max_rows, bucket)
+    out: list[int] = []
+    size = ROW_CLASS_BASE
+    while size < cap:
+        out.append(size)
+        size *= ROW_CLASS_FACTOR
+    return [*out, cap]
+
+
+def length_classes(bucket: int, limits: GraphLimits) -> list[int]:
+    """The length classes of a token bucket, smallest first."""
+    cap = min(bucket, limits.length_cap)
+    return [min(SHORT_ROW_LIMIT, cap), cap] if cap > SHORT_ROW_LIMIT else [cap]
+
+
+def _class_of(value: int, classes: list[int]) -> int:
+    return next(size for size in classes if size >= value)
+
+
+def plan_shape(seq_lens: np.ndarray, limits: GraphLimits) -> StepShape:
+    """Choose the padded shape of a batch: a graph shape when it fits the limits, else its exact shape."""
     num_seqs = int(seq_lens.shape[0])
     num_tokens = int(seq_lens.sum())
     longest = int(seq_lens.max())
-    uniform = bool((seq_lens == longest).all())
-    if graph_max_tokens > 0:
-        bucket = token_bucket(num_tokens)
-        if uniform and bucket == num_tokens and num_tokens <= graph_max_tokens and num_seqs <= graph_max_seqs:
-            return StepShape(num_seqs, num_tokens, longest, longest, True)
+    bucket = token_bucket(num_tokens)
+    if limits.max_tokens > 0 and bucket <= limits.max_tokens and longest <= limits.length_cap:
+        if num_seqs == 1 and longest == bucket:
+            return StepShape(1, bucket, bucket, bucket, True)
         pad = bucket - num_tokens
-        rows = seq_bucket(num_seqs + (1 if pad else 0))
-        if bucket <= graph_max_tokens and rows <= graph_max_seqs:
-            return StepShape(rows, bucket, maxlen_bucket(max(longest, pad), bucket), 0, True)
-    return StepShape(num_seqs, num_tokens, longest, longest if uniform else 0, False)
+        rows = num_seqs + (1 if pad else 0)
+        if rows <= limits.max_rows:
+            return StepShape(_class_of(rows, row_classes(bucket, limits)), bucket,
+                             _class_of(max(longest, pad), length_classes(bucket, limits)), 0, True)
+    return StepShape(num_seqs, num_tokens, longest, longest if num_seqs == 1 else 0, False)
+
+
+def graph_shapes(limits: GraphLimits) -> list[StepShape]:
+    """Every shape plan_shape can return as graphable under these limits: the graphs to capture.
+
+    A padded batch of B tokens in r rows whose longest row is m exists iff m + (r - 1) <= B <= r * m,
+    so (bucket, row class, length class) is reachable iff the class's smallest row count and length
+    fit into B and its largest ones can fill it.
+    """
+    if limits.max_tokens <= 0:
+        return []
+    shapes: list[StepShape] = []
+    for bucket in token_buckets(limits.max_tokens):
+        if bucket <= limits.length_cap:
+            shapes.append(StepShape(1, bucket, bucket, bucket, True))
+        fewer_rows = 0
+        for rows in row_classes(bucket, limits):
+            shorter = 0
+            for length in length_classes(bucket, limits):
+                if (shorter + 1) + fewer_rows <= bucket <= rows * length:
+                    shapes.append(StepShape(rows, bucket, length, 0, True))
+                shorter = length
+            fewer_rows = rows
+    return shapes
+
+
+def example_lens(shape: StepShape) -> list[int]:
+    """Row lengths of a batch that fills a graph shape exactly (for capturing it): rows of max_seqlen."""
+    full, rest = divmod(shape.num_tokens, shape.max_seqlen)
+    lens = [shape.max_seqlen] * full + ([rest] if rest else [])
+    assert len(lens) <= shape.num_seqs, shape
+    return lens

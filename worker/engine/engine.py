@@ -1,9 +1,9 @@
 """The engine: one model on one device, stepping ragged batches into LazyTensors.
 
-step() validates the batch, pads it to its bucket shape, moves it to the device with one copy from a
-pinned staging buffer, runs the model (eagerly, or by capturing / replaying that shape's CUDA graph),
-and starts an asynchronous copy of the result rows into a pinned output slot. On the CPU it computes
-the result at once.
+step() validates the batch, pads it to its graph shape (buckets.py), moves it to the device with one
+copy from a pinned staging buffer, runs the model (by replaying that shape's CUDA graph, captured at
+start-up, or eagerly when it has none), and starts an asynchronous copy of the result rows into a
+pinned output slot. On the CPU it computes the result at once.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import torch
 
 from quiver.common.model_info import KIND_EMBEDDING, ModelInfo
 from quiver.worker.engine.batch import Batch
-from quiver.worker.engine.buckets import StepShape, plan_shape, seq_bucket
+from quiver.worker.engine.buckets import (
+    DEFAULT_GRAPH_MAX_TOKENS, NO_GRAPHS, GraphLimits, StepShape, example_lens, graph_shapes, plan_shape,
+)
 from quiver.worker.engine.graphs import GraphRunner
 from quiver.worker.engine.inputs import StepTensors, pack_batch, packed_size, unpack
 from quiver.worker.engine.layers.attention import AttentionContext
@@ -41,7 +43,6 @@ class EngineInfo:
     max_batch_seqs: int
     cuda_graphs: bool = False
     graph_max_tokens: int = 0  # steps padded above this run eagerly
-    graph_max_seqs: int = 0
     fusion: str = "none"
     attention_backends: list[str] = field(default_factory=list)
     weights_bytes: int = 0
@@ -65,6 +66,7 @@ class Engine:
         max_batch_tokens: int,
         max_batch_seqs: int,
         cuda_graphs: bool,
+        graph_max_tokens: int = DEFAULT_GRAPH_MAX_TOKENS,
     ) -> None:
         self.model = model
         self.device = device
@@ -86,18 +88,20 @@ class Engine:
         self.info.attention_backends = self.selector.names
         self.runner = GraphRunner(device, cuda_graphs)
         self.steps = 0
+        self._graph_token_limit = graph_max_tokens
+        self.graph_limits = NO_GRAPHS
         self._type_limit = self._token_type_limit(model_info)
         if self.on_gpu:
             self.set_graph_limits(max_batch_tokens, max_batch_seqs)
             self.stream = torch.cuda.Stream(device)
-            capacity = packed_size(seq_bucket(max_batch_seqs + 1), max_batch_tokens)
+            capacity = packed_size(max_batch_seqs + 1, max_batch_tokens)
             self._staging = [torch.empty(capacity, dtype=torch.int32, pin_memory=True) for _ in range(2)]
             self._staging_events = [torch.cuda.Event() for _ in range(2)]
             self._next_staging = 0
             self._device_inputs = torch.zeros(capacity, dtype=torch.int32, device=device)
             self.slots = HostSlots(NUM_HOST_SLOTS, max_batch_seqs, model.output_dim)
             self._slot_events = [torch.cuda.Event() for _ in range(NUM_HOST_SLOTS)]
-            self._views: dict[StepShape, StepTensors] = {}  # device views per graphable shape
+            self._views: dict[StepShape, StepTensors] = {}  # device views per graph shape
 
     @staticmethod
     def _token_type_limit(model_info: ModelInfo) -> int:
@@ -108,8 +112,19 @@ class Engine:
         self.info.max_batch_tokens = max_tokens
         self.info.max_batch_seqs = max_seqs
         if self.info.cuda_graphs:
-            self.info.graph_max_tokens = max_tokens
-            self.info.graph_max_seqs = seq_bucket(max_seqs + 1)
+            self.info.graph_max_tokens = min(self._graph_token_limit, max_tokens)
+            self.graph_limits = GraphLimits(self.info.graph_max_tokens, max_seqs + 1, self.info.model.max_input_length)
+
+    def capture_graph(self, shape: StepShape) -> bool:
+        """Capture one graph shape (start-up only: it runs the model twice); False if it could not be."""
+        batch = synthetic_batch(shape.num_tokens, shape.max_seqlen, self.info.model.vocab_size)
+        assert batch.seq_lens.tolist() == example_lens(shape)
+        with torch.inference_mode(), torch.cuda.stream(self.stream):
+            tensors = self.upload(batch, shape)
+            return self.runner.capture(shape, lambda: self.forward_step(shape, tensors))
+
+    def graph_shapes(self) -> list[StepShape]:
+        return graph_shapes(self.graph_limits)
 
     # ---- stepping -------------------------------------------------------------------------------
 
@@ -119,7 +134,7 @@ class Engine:
         self.steps += 1
         if not self.on_gpu:
             return LazyTensor(self.run_eager(batch))
-        shape = plan_shape(batch.seq_lens, self.info.graph_max_tokens, self.info.graph_max_seqs)
+        shape = plan_shape(batch.seq_lens, self.graph_limits)
         slot = self.slots.acquire()
         try:
             with torch.inference_mode(), torch.cuda.stream(self.stream):
@@ -177,12 +192,10 @@ class Engine:
     def run_eager(self, batch: Batch, bucketed: bool = False) -> np.ndarray:
         """One step without graphs or result slots (CPU steps, start-up probes, tests); returns the rows.
 
-        bucketed=True pads the batch to its graph bucket shape, as a replayed graph would see it.
+        bucketed=True pads the batch to its graph shape, as a replayed graph would see it.
         """
-        if bucketed:
-            shape = plan_shape(batch.seq_lens, self.info.max_batch_tokens, seq_bucket(self.info.max_batch_seqs + 1))
-        else:
-            shape = plan_shape(batch.seq_lens, 0, 0)
+        limits = GraphLimits(self.info.max_batch_tokens, self.info.max_batch_seqs + 1, self.info.model.max_input_length)
+        shape = plan_shape(batch.seq_lens, limits if bucketed else NO_GRAPHS)
         if not self.on_gpu:
             packed = np.empty(packed_size(shape.num_seqs, shape.num_tokens), dtype=np.int32)
             pack_batch(batch, shape, packed, self.model.uses_token_types)

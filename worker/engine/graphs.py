@@ -1,10 +1,12 @@
-"""Lazily captured CUDA graphs, one per step shape, sharing one memory pool.
+"""CUDA graphs, one per graph shape (buckets.graph_shapes), captured at start-up, sharing one memory pool.
 
-The first time a graphable shape is seen the step runs eagerly (warm-up: kernels compile, the attention
-backend is measured, cuBLAS picks its algorithms); the second time it is captured and replayed; after
-that it is only replayed. All graphs read the same static input buffer (filled in place before each
-step) and allocate from one pool, so they share activation memory: steps run one at a time on one
-stream, and each graph's output buffer stays alive while its intermediates are reused by the next.
+capture() runs a shape once eagerly (kernels compile, cuBLAS picks its algorithms) and then captures it;
+startup.capture_graphs does that for every shape before the worker says it is ready. run() only ever
+replays: a step whose shape has no graph (larger than the graph limit, or a capture that failed) runs
+eagerly, and nothing is captured on a request's path. All graphs read the same static input buffer
+(filled in place before each step) and allocate from one pool, so they share activation memory: steps
+run one at a time on one stream, and each graph's output buffer stays alive while its intermediates are
+reused by the next.
 """
 
 from __future__ import annotations
@@ -41,46 +43,39 @@ class GraphRunner:
         self.enabled = enabled and device.type == "cuda"
         self.pool = torch.cuda.graph_pool_handle() if self.enabled else None
         self.graphs: dict[StepShape, CapturedGraph] = {}
-        self.seen: set[StepShape] = set()
-        self.eager_only: set[StepShape] = set()  # shapes whose capture failed
         self.counters = GraphCounters()
         self.pool_bytes = 0
 
     def run(self, shape: StepShape, forward: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """Run forward for this shape: eagerly, by capture then replay, or by replay."""
-        if not (self.enabled and shape.graphable) or shape in self.eager_only:
-            self.counters.eager_steps += 1
-            return forward()
+        """Replay this shape's graph, or run forward eagerly when it has none."""
         captured = self.graphs.get(shape)
         if captured is None:
-            if shape not in self.seen:
-                self.seen.add(shape)
-                self.counters.warmups += 1
-                return forward()
-            try:
-                captured = self._capture(shape, forward)
-            except Exception as exc:  # noqa: BLE001 - keep serving eagerly, loudly
-                log.warning("CUDA graph capture failed for %s, running it eagerly from now on: %s", shape, exc)
-                self.counters.capture_failures += 1
-                self.eager_only.add(shape)
-                self.counters.eager_steps += 1
-                return forward()
+            self.counters.eager_steps += 1
+            return forward()
         captured.graph.replay()
         self.counters.replays += 1
         return captured.output
 
-    def _capture(self, shape: StepShape, forward: Callable[[], torch.Tensor]) -> CapturedGraph:
+    def capture(self, shape: StepShape, forward: Callable[[], torch.Tensor]) -> bool:
+        """Warm this shape up eagerly, then capture it; False (logged, counted) when capture fails."""
+        if not (self.enabled and shape.graphable) or shape in self.graphs:
+            return shape in self.graphs
+        forward()
+        self.counters.warmups += 1
         reserved = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
-        # thread_local: other threads (readers waiting on result events) may use CUDA meanwhile.
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            output = forward()
+        try:
+            # thread_local: other threads (readers waiting on result events) may use CUDA meanwhile.
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                output = forward()
+        except Exception as exc:  # noqa: BLE001 - keep serving that shape eagerly, loudly
+            log.warning("CUDA graph capture failed for %s; it runs eagerly: %s", shape, exc)
+            self.counters.capture_failures += 1
+            return False
         self.pool_bytes += max(0, torch.cuda.memory_reserved(self.device) - reserved)
         self.counters.captures += 1
-        captured = CapturedGraph(graph, output)
-        self.graphs[shape] = captured
-        log.debug("captured a CUDA graph for %s (%d graphs)", shape, len(self.graphs))
-        return captured
+        self.graphs[shape] = CapturedGraph(graph, output)
+        return True
 
 
 def time_with_graph(forward: Callable[[], torch.Tensor], repeats: int = 20) -> float:

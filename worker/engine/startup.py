@@ -1,5 +1,6 @@
 """load_engine: build the model, then (on a GPU) choose the fusion, size the token budget to the memory
-fraction, measure attention backends at common shapes, and log what the engine holds."""
+fraction, measure attention backends at common shapes, capture every CUDA graph, and log what the engine
+holds."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from quiver.common.model_info import load_model_info
 from quiver.worker.engine.batch import Batch
-from quiver.worker.engine.buckets import plan_shape
+from quiver.worker.engine.buckets import DEFAULT_GRAPH_MAX_TOKENS, GraphLimits, plan_shape
 from quiver.worker.engine.engine import Engine, elapsed_since, synthetic_batch
 from quiver.worker.engine.graphs import time_with_graph
 from quiver.worker.engine.layers.attention_select import context_for_lens
@@ -55,6 +56,7 @@ def load_engine(
     gpu_memory_fraction: float | None = None,
     cuda_graphs: bool = True,
     fusion: str = "auto",
+    graph_max_tokens: int = DEFAULT_GRAPH_MAX_TOKENS,
 ) -> Engine:
     """Load a checkpoint directory into a ready Engine (bf16 on GPU and float32 on CPU by default)."""
     if fusion not in FUSION_MODES:
@@ -69,13 +71,15 @@ def load_engine(
         model = build_model(info, dev, torch_dtype, plain_ops())
     detail = {"load_s": elapsed_since(start)}
     tokens = max_batch_tokens or max(DEFAULT_MAX_BATCH_TOKENS.get(dev.type, 8192), info.max_input_length)
-    engine = Engine(model, info, dev, torch_dtype, tokens, max_batch_seqs or DEFAULT_MAX_BATCH_SEQS, cuda_graphs)
+    engine = Engine(model, info, dev, torch_dtype, tokens, max_batch_seqs or DEFAULT_MAX_BATCH_SEQS, cuda_graphs,
+                    graph_max_tokens)
     if dev.type == "cuda":
         detail.update(choose_fusion(engine, fusion))
         phase = time.perf_counter()
         size_memory(engine, gpu_memory_fraction or DEFAULT_GPU_MEMORY_FRACTION)
         survey_attention(engine)
         detail["memory_and_attention_s"] = elapsed_since(phase)
+        detail.update(capture_graphs(engine))
     engine.info.startup_seconds = elapsed_since(start)
     engine.info.startup_detail = detail
     log_startup(engine)
@@ -89,7 +93,8 @@ def _probe(engine: Engine, num_tokens: int, seq_len: int, seed: int = 0) -> Batc
 
 def _graph_time_ms(engine: Engine, batch: Batch) -> float:
     """Replay time of one step in a throw-away CUDA graph, after an eager warm-up."""
-    shape = plan_shape(batch.seq_lens, engine.info.max_batch_tokens, engine.info.graph_max_seqs or 1 << 30)
+    limits = GraphLimits(engine.info.max_batch_tokens, batch.num_seqs + 1, engine.info.model.max_input_length)
+    shape = plan_shape(batch.seq_lens, limits)
     with torch.inference_mode(), torch.cuda.stream(engine.stream):
         tensors = engine.upload(batch, shape)
 
@@ -191,6 +196,20 @@ def survey_attention(engine: Engine) -> None:
     engine.selector.freeze()
 
 
+def capture_graphs(engine: Engine) -> dict[str, Any]:
+    """Capture every graph shape the engine can meet (buckets.graph_shapes), so that no request ever
+    waits for a warm-up or a capture; the time it took goes into the start-up detail."""
+    shapes = engine.graph_shapes() if engine.info.cuda_graphs else []
+    start = time.perf_counter()
+    failed = sum(not engine.capture_graph(shape) for shape in shapes)
+    torch.cuda.synchronize(engine.device)
+    if failed:
+        log.warning("%d of %d CUDA graph shapes could not be captured; they run eagerly", failed, len(shapes))
+    log.info("captured %d CUDA graphs in %.1f s (pool %s)", len(shapes) - failed, time.perf_counter() - start,
+             describe(engine.runner.pool_bytes))
+    return {"graphs": len(shapes) - failed, "graphs_s": elapsed_since(start)}
+
+
 def log_startup(engine: Engine) -> None:
     info, figures = engine.info, engine.memory
     log.info(
@@ -203,8 +222,9 @@ def log_startup(engine: Engine) -> None:
     if engine.on_gpu:
         log.info(
             "gpu memory: weights %s, activation peak at %d tokens %s (%d bytes/token), budget %s of %s; "
-            "graph pool grows as buckets are captured (engine.stats()['graph_pool_bytes'])",
+            "graph pool %s",
             describe(figures.weights_bytes), info.max_batch_tokens, describe(figures.activation_peak_bytes),
             figures.bytes_per_token, describe(figures.budget_bytes), describe(figures.total_bytes),
+            describe(engine.runner.pool_bytes),
         )
     log.info("start-up took %.1f s: %s", info.startup_seconds, info.startup_detail)

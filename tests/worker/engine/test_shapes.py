@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from quiver.worker.engine import Batch
-from quiver.worker.engine.buckets import maxlen_bucket, plan_shape, seq_bucket, token_bucket, token_buckets
+from quiver.worker.engine.buckets import (
+    NO_GRAPHS, GraphLimits, StepShape, example_lens, graph_shapes, plan_shape, token_bucket, token_buckets,
+)
 from quiver.worker.engine.inputs import pack_batch, packed_size, unpack
 from quiver.worker.engine.lazy import HostSlots, LazyTensor, SlotsBusyError
 
@@ -16,21 +18,59 @@ def test_token_buckets_step_by_64_then_256() -> None:
     assert [token_bucket(n) for n in (1, 64, 65, 1024, 1025, 1280, 1281)] == [64, 64, 128, 1024, 1280, 1280, 1536]
     buckets = token_buckets(2048)
     assert buckets[:3] == [64, 128, 192] and buckets[-3:] == [1536, 1792, 2048] and len(buckets) == 20
-    assert [seq_bucket(n) for n in (1, 2, 3, 5, 256, 257)] == [1, 2, 4, 8, 256, 512]
-    assert maxlen_bucket(3, 64) == 64 and maxlen_bucket(300, 1024) == 512 and maxlen_bucket(900, 960) == 960
 
 
-def test_plan_shape_padding_dense_and_eager() -> None:
-    lens = np.array([100, 30], dtype=np.int32)
-    shape = plan_shape(lens, 4096, 64)
-    assert (shape.num_seqs, shape.num_tokens, shape.max_seqlen, shape.dense_len) == (4, 192, 128, 0)
-    assert shape.graphable
-    dense = plan_shape(np.array([512] * 4, dtype=np.int32), 4096, 64)
-    assert (dense.num_seqs, dense.num_tokens, dense.dense_len, dense.graphable) == (4, 2048, 512, True)
-    too_big = plan_shape(np.array([3000, 3000], dtype=np.int32), 4096, 64)
-    assert (too_big.num_seqs, too_big.num_tokens, too_big.graphable) == (2, 6000, False)
-    exact = plan_shape(lens, 0, 0)
-    assert (exact.num_seqs, exact.num_tokens, exact.graphable) == (2, 130, False)
+PPLX_LIMITS = GraphLimits(max_tokens=8192, max_rows=257, max_row_len=32768)
+
+
+def test_plan_shape_classes_dense_and_eager() -> None:
+    shape = plan_shape(np.array([100, 30], dtype=np.int32), PPLX_LIMITS)
+    assert shape == StepShape(8, 192, 192, 0, True)  # 2 rows + the dummy: row class 8; 192 < 512
+    assert plan_shape(np.array([512] * 16, dtype=np.int32), PPLX_LIMITS) == StepShape(32, 8192, 512, 0, True)
+    assert plan_shape(np.array([4096], dtype=np.int32), PPLX_LIMITS) == StepShape(1, 4096, 4096, 4096, True)
+    assert plan_shape(np.array([4000], dtype=np.int32), PPLX_LIMITS) == StepShape(2, 4096, 4096, 0, True)
+    assert plan_shape(np.array([128], dtype=np.int32), PPLX_LIMITS) == StepShape(1, 128, 128, 128, True)
+    assert plan_shape(np.array([3000, 3000, 3000], dtype=np.int32), PPLX_LIMITS) == StepShape(3, 9000, 3000, 0, False)
+    assert plan_shape(np.array([100, 30], dtype=np.int32), NO_GRAPHS) == StepShape(2, 130, 100, 0, False)
+
+
+def _random_batches(rng: np.random.Generator, limits: GraphLimits, count: int) -> list[np.ndarray]:
+    batches = []
+    for _ in range(count):
+        rows = int(rng.integers(1, limits.max_rows))
+        longest = int(rng.choice([8, 64, 200, 512, 513, 2000, limits.max_row_len]))
+        lens = rng.integers(1, min(longest, limits.max_row_len) + 1, size=rows)
+        lens = lens[np.cumsum(lens) <= limits.max_tokens] if lens[0] <= limits.max_tokens else lens[:1]
+        batches.append(lens.astype(np.int32))
+    return batches
+
+
+@pytest.mark.parametrize("limits", [PPLX_LIMITS, GraphLimits(4096, 257, 512), GraphLimits(2048, 25, 100)])
+def test_every_graphable_plan_is_in_the_graph_set(limits: GraphLimits) -> None:
+    """The set captured at start-up covers every shape a batch can be planned to: no capture while serving."""
+    shapes = set(graph_shapes(limits))
+    assert len(shapes) == len(graph_shapes(limits))  # no shape listed twice
+    rng = np.random.default_rng(5)
+    planned = [plan_shape(lens, limits) for lens in _random_batches(rng, limits, 4000)]
+    graphable = [shape for shape in planned if shape.graphable]
+    assert len(graphable) > 0.5 * len(planned)
+    assert {shape for shape in graphable} <= shapes
+    for lens, shape in zip(_random_batches(np.random.default_rng(5), limits, 4000), planned):
+        if shape.graphable:  # the padded batch fits its shape: rows, tokens, and every row within max_seqlen
+            pad = shape.num_tokens - int(lens.sum())
+            assert len(lens) + (1 if pad else 0) <= shape.num_seqs and 0 <= pad < 256
+            assert max(int(lens.max()), pad) <= shape.max_seqlen <= shape.num_tokens
+
+
+def test_graph_set_is_bounded_and_each_shape_has_a_filling_batch() -> None:
+    shapes = graph_shapes(PPLX_LIMITS)
+    assert len(shapes) == 396  # 352 ragged + 44 single-row dense: the count the README states
+    assert len(graph_shapes(GraphLimits(8192, 257, 512))) == 182  # all-MiniLM-L6-v2 (rows of up to 512)
+    for shape in shapes:
+        lens = example_lens(shape)
+        assert sum(lens) == shape.num_tokens and len(lens) <= shape.num_seqs and max(lens) <= shape.max_seqlen
+        assert plan_shape(np.array(lens), PPLX_LIMITS).num_tokens == shape.num_tokens
+    assert graph_shapes(NO_GRAPHS) == []
 
 
 def test_pack_batch_layout() -> None:
@@ -40,8 +80,7 @@ def test_pack_batch_layout() -> None:
         token_type_ids=np.array([0, 1, 0, 0, 1], dtype=np.int32),
         normalize=np.array([True, False]),
     )
-    shape = plan_shape(batch.seq_lens, 4096, 64)
-    assert (shape.num_seqs, shape.num_tokens) == (4, 64)
+    shape = StepShape(4, 64, 64, 0, True)
     buffer = np.full(packed_size(shape.num_seqs, shape.num_tokens) + 3, -7, dtype=np.int32)
     written = pack_batch(batch, shape, buffer)
     assert written == packed_size(4, 64) and (buffer[written:] == -7).all()

@@ -20,6 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from quiver.worker.engine.layers.attention import AttentionContext
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
+PADDING_LIMIT = 4  # padded attention on a GPU: at most this many padded slots per real token
 
 
 def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -27,10 +28,14 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 class PaddedSdpa:
+    """Rows padded to max_seqlen and masked: the CPU backend, and the GPU's fallback of last resort."""
+
     name = "padded_sdpa"
 
     def supports(self, ctx: AttentionContext, dtype: torch.dtype) -> bool:
-        return True
+        # On a GPU, graph shapes carry empty rows and a generous max_seqlen (buckets.py); padding them
+        # would cost memory and time quadratic in both, so offer it only where padding is a small part.
+        return ctx.cu_seqlens.device.type != "cuda" or ctx.num_seqs * ctx.max_seqlen <= PADDING_LIMIT * ctx.num_tokens
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         rows, width = ctx.num_seqs, ctx.max_seqlen

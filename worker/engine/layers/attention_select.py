@@ -172,7 +172,7 @@ class AttentionSelector:
         return next(b for b in self.backends if b.name == name)
 
     def _measure(self, key: ShapeKey, ctx: AttentionContext) -> Any:
-        candidates = [b for b in self.backends if b.supports(ctx, self.dtype)]
+        candidates = [b for b in self.backends if b.supports(ctx, self.dtype)] or [PaddedSdpa()]
         if len(candidates) == 1 or self.device.type != "cuda":
             return candidates[0]
         q, k, v = _random_qkv(ctx, self.dtype)

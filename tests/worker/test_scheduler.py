@@ -1,0 +1,137 @@
+"""The scheduler on its own, driving the real engine on CPU (the packaged all-MiniLM-L6-v2): token budget,
+arrival order, deadlines, cancels, halving retries after a failed step, and the serving loop."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+import pytest
+
+from quiver.common.model_info import default_model_dir
+from quiver.common.protocol import Cancel, Chunk, Error, Message, Result
+from quiver.worker.engine import Batch, Engine, load_engine
+from quiver.worker.faults import FaultyEngine
+from quiver.worker.scheduler import Scheduler, StepEngine
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return load_engine(default_model_dir(), device="cpu")
+
+
+def _chunk(chunk_id: str, lens: list[int], seed: int = 0, timeout_s: float = 30.0) -> Chunk:
+    rng = np.random.default_rng(seed)
+    return Chunk(chunk_id=chunk_id, task="embed", num_seqs=len(lens), num_tokens=sum(lens), normalize=True,
+                 timeout_s=timeout_s, input_ids=rng.integers(1000, 20000, size=sum(lens), dtype=np.int32),
+                 seq_lens=np.array(lens, dtype=np.int32))
+
+
+def _expected(engine: Engine, chunk: Chunk) -> np.ndarray:
+    """Each sequence run alone, straight through the engine."""
+    offsets = np.concatenate([[0], np.cumsum(chunk.seq_lens)])
+    rows = [engine.run_eager(Batch(input_ids=chunk.input_ids[offsets[i]:offsets[i + 1]],
+                                   seq_lens=chunk.seq_lens[i:i + 1], normalize=np.array([True])))
+            for i in range(chunk.num_seqs)]
+    return np.concatenate(rows)
+
+
+def _scheduler(engine: StepEngine, sent: list[Message], tokens: int = 256, seqs: int = 16) -> Scheduler:
+    return Scheduler(engine, send=sent.append, worker_name="test", max_batch_tokens=tokens, max_batch_seqs=seqs)
+
+
+def test_the_real_engine_satisfies_the_engine_protocol(engine: Engine) -> None:
+    assert isinstance(engine, StepEngine)
+    assert isinstance(FaultyEngine(engine, {}), StepEngine)
+
+
+def test_a_step_takes_sequences_in_order_up_to_the_token_budget_and_the_sequence_cap(engine: Engine) -> None:
+    sent: list[Message] = []
+    scheduler = _scheduler(engine, sent, tokens=100, seqs=3)
+    scheduler.accept(_chunk("a", [40, 40, 40]))
+    scheduler.accept(_chunk("b", [10, 10, 10, 10]))
+    batch, refs = scheduler.next_batch() or (None, [])
+    assert batch is not None and batch.seq_lens.tolist() == [40, 40]  # a third 40 would exceed 100 tokens
+    assert [(ref.job.chunk.chunk_id, ref.row) for ref in refs] == [("a", 0), ("a", 1)]
+    # "b" has not run yet, so it goes before the rest of "a": a long request holds short ones one step at most
+    batch, refs = scheduler.next_batch() or (None, [])
+    assert [(ref.job.chunk.chunk_id, ref.row) for ref in refs] == [("b", 0), ("b", 1), ("b", 2)]  # cap of 3
+    batch, refs = scheduler.next_batch() or (None, [])
+    assert [(ref.job.chunk.chunk_id, ref.row) for ref in refs] == [("a", 2), ("b", 3)]
+    assert scheduler.next_batch() is None and scheduler.waiting_seqs == 0
+
+
+def test_a_sequence_longer_than_the_budget_runs_alone(engine: Engine) -> None:
+    scheduler = _scheduler(engine, [], tokens=50)
+    scheduler.accept(_chunk("long", [120, 5]))
+    first = scheduler.next_batch()
+    assert first is not None and first[0].seq_lens.tolist() == [120]
+    second = scheduler.next_batch()
+    assert second is not None and second[0].seq_lens.tolist() == [5]
+
+
+def test_expired_and_cancelled_chunks_never_run(engine: Engine) -> None:
+    sent: list[Message] = []
+    scheduler = _scheduler(engine, sent)
+    scheduler.accept(_chunk("late", [8, 8], timeout_s=-1.0))
+    scheduler.accept(_chunk("gone", [8]))
+    scheduler.accept(Cancel(chunk_id="gone"))
+    scheduler.accept(_chunk("kept", [8]))
+    picked = scheduler.next_batch()
+    assert picked is not None
+    assert [ref.job.chunk.chunk_id for ref in picked[1]] == ["kept"]
+    assert [(type(m).__name__, m.chunk_id, getattr(m, "code", None)) for m in sent] == [("Error", "late", "expired")]
+    scheduler.finish(scheduler.launch(*picked))
+    assert [m.chunk_id for m in sent if isinstance(m, Result)] == ["kept"] and not scheduler.jobs
+
+
+def test_an_out_of_memory_step_is_retried_in_halves_and_every_row_stays_on_its_sequence(engine: Engine) -> None:
+    sent: list[Message] = []
+    faulty = FaultyEngine(engine, {"oom_over_tokens": 40})  # the real engine, failing above 40 tokens
+    scheduler = _scheduler(faulty, sent, tokens=256)
+    chunks = [_chunk("x", [12, 30, 7], seed=1), _chunk("y", [25, 3], seed=2)]
+    for chunk in chunks:
+        scheduler.accept(chunk)
+    batch, refs = scheduler.next_batch() or (None, [])
+    assert batch is not None and batch.num_tokens == 77
+    with pytest.raises(RuntimeError):
+        scheduler.launch(batch, refs)
+    scheduler.recover(refs, RuntimeError("injected out of memory"))
+    results = {m.chunk_id: m for m in sent if isinstance(m, Result)}
+    assert sorted(results) == ["x", "y"] and not any(isinstance(m, Error) for m in sent)
+    for chunk in chunks:
+        np.testing.assert_allclose(results[chunk.chunk_id].values, _expected(engine, chunk), atol=1e-4)
+
+
+def test_a_step_that_keeps_failing_fails_only_its_own_chunks(engine: Engine) -> None:
+    sent: list[Message] = []
+    scheduler = _scheduler(FaultyEngine(engine, {"oom_over_tokens": 10}), sent)
+    scheduler.accept(_chunk("too-big", [11]))
+    scheduler.accept(_chunk("fits", [4]))
+    batch, refs = scheduler.next_batch() or (None, [])
+    scheduler.recover(refs, RuntimeError("injected out of memory"))
+    outcome = {m.chunk_id: type(m).__name__ for m in sent}
+    assert outcome == {"too-big": "Error", "fits": "Result"}
+
+
+def test_the_loop_runs_everything_waiting_as_one_step_and_answers_each_chunk(engine: Engine) -> None:
+    sent: list[Message] = []
+    scheduler = _scheduler(engine, sent, tokens=512, seqs=32)
+    inbox: queue.Queue = queue.Queue()
+    chunks = [_chunk(f"c{i}", [int(n) for n in np.random.default_rng(i).integers(3, 40, size=i + 1)], seed=i)
+              for i in range(5)]
+    for chunk in chunks:
+        inbox.put(chunk)
+    stop, drain = threading.Event(), threading.Event()
+    drain.set()  # serve what is there, then return
+    loop = threading.Thread(target=scheduler.run, args=(inbox, stop, drain), daemon=True)
+    loop.start()
+    loop.join(timeout=120)
+    assert not loop.is_alive()
+    assert scheduler.steps == 1  # 15 sequences under the budget: one step, not one per chunk
+    results = {m.chunk_id: m for m in sent if isinstance(m, Result)}
+    assert sorted(results) == sorted(c.chunk_id for c in chunks)
+    for chunk in chunks:
+        np.testing.assert_allclose(results[chunk.chunk_id].values, _expected(engine, chunk), atol=1e-4)
+        assert results[chunk.chunk_id].inference_s >= 0 and results[chunk.chunk_id].queue_s >= 0
