@@ -159,7 +159,7 @@ def measure(processes: int, args: argparse.Namespace, model: str, dim: int, brok
     return {"processes": processes, "requests": int(latencies.size), "failures": failures,
             "requests_per_s": round(latencies.size / wall, 1), "texts_per_s": round(latencies.size * args.texts / wall),
             "p50_ms": round(float(np.percentile(latencies, 50)), 2), "p99_ms": round(float(np.percentile(latencies, 99)), 2),
-            "frontend_cores": round(cpu / wall, 2)}
+            "frontend_cores": round(cpu / wall, 2), "frontend_pids": len(pids)}
 
 
 def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
