@@ -103,6 +103,8 @@ class ServeSettings(FrontendSettings):
     frontend_endpoint: str = option(DEFAULT_FRONTEND_ENDPOINT, "ZeroMQ endpoint the broker binds for frontends")
     worker_endpoint: str = option(DEFAULT_WORKER_ENDPOINT, "ZeroMQ endpoint the broker binds for workers")
     workers: int = option(0, "CPU workers to start (0: one per visible GPU, or one CPU worker without GPUs)")
+    http_processes: int = option(0, "frontend HTTP processes (0: one per GPU, as many as the cores left by "
+                                    "the workers and the broker allow; one without GPUs)")
     device: str = option("", "cpu or cuda (default: cuda when a GPU is visible)")
     dtype: str = option("", "worker dtype: float32, bfloat16 or float16")
     max_batch_tokens: int = option(0, "worker tokens per forward pass (0: the engine's default)")
@@ -113,6 +115,12 @@ class ServeSettings(FrontendSettings):
                                    "(-1: 500 with GPUs, 0 on CPUs)")
     broker_metrics_port: int = option(0, "port of the broker's /metrics (0: none)")
     worker_metrics_port: int = option(0, "first port of the workers' /metrics, one per worker (0: none)")
+
+
+def default_http_processes(gpus: int, cpus: int) -> int:
+    """`quiver serve`'s frontend processes when not given: one per GPU, so that tokenization and JSON
+    grow with the GPUs they feed, but no more than the cores left after one per worker and the broker."""
+    return max(1, min(gpus, cpus - gpus - 1))
 
 
 Settings = TypeVar("Settings")

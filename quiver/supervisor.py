@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from quiver.common.config import BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, to_argv
+from quiver.common.config import default_http_processes
 from quiver.common.model_info import EXIT_MODEL_ERROR, ModelError, default_model_dir, load_model_info
 
 log = logging.getLogger("quiver.serve")
@@ -122,7 +123,8 @@ class Supervisor:
             self.workers.append(Child(f"worker {name}", self._quiver("worker", to_argv(worker, WorkerSettings))))
 
         frontend_fields = {k: getattr(s, k) for k in FrontendSettings.__dataclass_fields__}
-        frontend = FrontendSettings(**{**frontend_fields, "broker": s.frontend_endpoint, "model": model})
+        frontend = FrontendSettings(**{**frontend_fields, "broker": s.frontend_endpoint, "model": model,
+                                       "http_processes": s.http_processes or default_http_processes(gpus, os.cpu_count() or 1)})
         self.frontend = Child("frontend", self._quiver("frontend", to_argv(frontend, FrontendSettings)))
 
     def _children(self) -> list[Child]:
