@@ -5,8 +5,10 @@ chunk at once and stand-in frontends that keep a window of small chunks in fligh
 (quiver.bench.stand_in_peers), for each worker count in turn. Per run it reports chunks/s, the
 one-way time of each hop (frontend → worker, worker → frontend, through the broker) and the round
 trip at p50/p99, and the broker's own CPU time per chunk (from /proc), which says what one core of
-it can route whatever the other processes on the host take. A first row with no broker (a stand-in
-frontend talking straight to a stand-in worker) is the floor of a ZeroMQ hop on the same host.
+it can route whatever the other processes on the host take: chunks/s per broker core is the chunks
+routed over the broker's CPU seconds, the rate one core would sustain were the broker the bottleneck.
+A first row with no broker (a stand-in frontend talking straight to a stand-in worker) is the floor
+of a ZeroMQ hop on the same host.
 
 Each worker count runs twice: under load (window chunks in flight per frontend: capacity) and light
 (one in flight per frontend: the latency the broker adds when it is not the bottleneck).
@@ -145,6 +147,7 @@ def summarize(workers: int, frontends: int, window: int, runs: list[FrontendRun]
         "round_trip_us": percentile_us(round_trip),
         "broker_cpu_us_per_chunk": round(broker_cpu_s / chunks * 1e6, 1) if chunks and workers else None,
         "broker_core_share": round(broker_cpu_s / wall_s, 2) if wall_s and workers else None,
+        "one_core_chunks_per_s": round(chunks / broker_cpu_s) if broker_cpu_s and workers else None,
         "errors": sum(r.errors for r in runs), "wrong_answers": sum(r.wrong_answers for r in runs),
         "unanswered": sum(r.unanswered for r in runs),
         "unmatched": chunks - len(hop_in),
@@ -155,15 +158,16 @@ def summarize(workers: int, frontends: int, window: int, runs: list[FrontendRun]
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| workers | load | chunks/s | frontend→worker p50 / p99 µs | worker→frontend p50 / p99 µs | "
-             "round trip p50 / p99 µs | broker CPU µs/chunk | broker core share |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "round trip p50 / p99 µs | broker CPU µs/chunk | broker core share | chunks/s per broker core |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
         label = str(row["workers"]) if row["workers"] else "none (direct)"
         load = f"{row['frontends']}×{row['window']}"
         cpu = "-" if row["broker_cpu_us_per_chunk"] is None else f"{row['broker_cpu_us_per_chunk']:.1f}"
         share = "-" if row["broker_core_share"] is None else f"{row['broker_core_share']:.2f}"
+        per_core = "-" if row["one_core_chunks_per_s"] is None else f"{row['one_core_chunks_per_s']:,}"
         hops = " | ".join(f"{row[k]['p50']:.0f} / {row[k]['p99']:.0f}" for k in ("hop_in_us", "hop_out_us", "round_trip_us"))
-        lines.append(f"| {label} | {load} | {row['chunks_per_s']:,} | {hops} | {cpu} | {share} |")
+        lines.append(f"| {label} | {load} | {row['chunks_per_s']:,} | {hops} | {cpu} | {share} | {per_core} |")
     return "\n".join(lines)
 
 

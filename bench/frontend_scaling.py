@@ -159,15 +159,18 @@ def measure(processes: int, args: argparse.Namespace, model: str, dim: int, brok
     return {"processes": processes, "requests": int(latencies.size), "failures": failures,
             "requests_per_s": round(latencies.size / wall, 1), "texts_per_s": round(latencies.size * args.texts / wall),
             "p50_ms": round(float(np.percentile(latencies, 50)), 2), "p99_ms": round(float(np.percentile(latencies, 99)), 2),
-            "frontend_cores": round(cpu / wall, 2), "frontend_pids": len(pids)}
+            "frontend_cores": round(cpu / wall, 2), "frontend_pids": len(pids),
+            "frontend_cpu_ms_per_request": round(cpu / latencies.size * 1e3, 2) if latencies.size else None}
 
 
 def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [f"| HTTP processes | requests/s ({args.texts} texts each) | texts/s | p50 ms | p99 ms | "
-             "frontend CPU (cores) | failed |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "frontend CPU (cores) | frontend CPU ms per request | failed |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
         lines.append(f"| {row['processes']} | {row['requests_per_s']:,} | {row['texts_per_s']:,} | {row['p50_ms']} | "
-                     f"{row['p99_ms']} | {row['frontend_cores']} | {row['failures']} |")
+                     f"{row['p99_ms']} | {row['frontend_cores']} | {row['frontend_cpu_ms_per_request']} | "
+                     f"{row['failures']} |")
     return "\n".join(lines)
 
 
