@@ -112,6 +112,8 @@ class ServeSettings(FrontendSettings):
     worker_endpoint: str = option("", "ZeroMQ endpoint the broker binds for workers "
                                       "(default: a private ipc:// socket of this serve)")
     workers: int = option(0, "workers to start (0: one per GPU of --device, or one CPU worker)")
+    http_processes: int = option(0, "frontend HTTP processes (0: one per GPU, as many as the cores left by "
+                                    "the workers and the broker allow; one without GPUs)")
     device: str = option("", "cpu, cuda (every visible GPU), cuda:N or cuda:N,M (those GPUs) "
                              "(default: cuda when a GPU is visible, else cpu)")
     dtype: str = option("", "worker dtype: float32, bfloat16 or float16")
@@ -134,6 +136,13 @@ class ServeSettings(FrontendSettings):
 # Fields ServeSettings inherits from FrontendSettings but does not offer: serve picks the broker
 # endpoint itself, and CurveZMQ keys are for links between hosts (children read them from QUIVER_*).
 SERVE_HIDDEN = frozenset({"broker", "curve_secret_key", "curve_broker_key"})
+
+
+def default_http_processes(gpus: int, cpus: int) -> int:
+    """`quiver serve`'s frontend processes when not given: one per GPU, so that tokenization and JSON
+    grow with the GPUs they feed, but no more than the cores left after one per worker and the broker."""
+    return max(1, min(gpus, cpus - gpus - 1))
+
 
 
 Settings = TypeVar("Settings", bound="DataclassInstance")

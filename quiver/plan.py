@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from quiver.common.config import (
-    SERVE_HIDDEN, BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, secret_environment, secret_names,
+    SERVE_HIDDEN, BrokerSettings, default_http_processes, FrontendSettings, ServeSettings, WorkerSettings, secret_environment, secret_names,
     to_argv,
 )
 from quiver.common.model_info import EXIT_MODEL_ERROR
@@ -159,5 +159,6 @@ def plan_children(settings: ServeSettings, model_dir: Path, runtime_dir: Path, g
         }), base_env))
     children.append(_child("frontend", "frontend", FrontendSettings, _role_values(s, FrontendSettings, {
         "broker": frontend_endpoint, "model": str(model_dir),
+        "http_processes": s.http_processes or default_http_processes(len(devices) if on_gpu else 0, os.cpu_count() or 1),
     }), base_env))
     return children

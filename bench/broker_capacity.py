@@ -1,0 +1,212 @@
+"""The broker's capacity: chunks/s it routes and the time each hop through it takes, as workers grow.
+
+Starts the real broker (`python -m quiver broker`) on loopback, stand-in workers that answer every
+chunk at once and stand-in frontends that keep a window of small chunks in flight
+(quiver.bench.stand_in_peers), for each worker count in turn. Per run it reports chunks/s, the
+one-way time of each hop (frontend → worker, worker → frontend, through the broker) and the round
+trip at p50/p99, and the broker's own CPU time per chunk (from /proc), which says what one core of
+it can route whatever the other processes on the host take: chunks/s per broker core is the chunks
+routed over the broker's CPU seconds, the rate one core would sustain were the broker the bottleneck.
+A first row with no broker (a stand-in frontend talking straight to a stand-in worker) is the floor
+of a ZeroMQ hop on the same host.
+
+Each worker count runs twice: under load (window chunks in flight per frontend: capacity) and light
+(one in flight per frontend: the latency the broker adds when it is not the bottleneck).
+
+    python -m quiver.bench.broker_capacity --workers 1,2,4,8,16,64 --frontends 2 --seconds 5 --out DIR
+    python -m quiver.bench.broker_capacity --quick --out DIR      # a few seconds, for CI
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import queue
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quiver.bench.stand_in_peers import FrontendRun, drive_stand_in_frontend, serve_stand_in_workers
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_endpoint() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def start_broker(frontend_endpoint: str, worker_endpoint: str, extra: list[str], log_path: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUIVER_")}
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "quiver", "broker", "--frontend-endpoint", frontend_endpoint,
+                                 "--worker-endpoint", worker_endpoint, "--log-level", "warning", *extra],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def percentile_us(samples_ns: np.ndarray) -> dict[str, float]:
+    if samples_ns.size == 0:
+        return {"p50": float("nan"), "p99": float("nan")}
+    return {"p50": round(float(np.percentile(samples_ns, 50)) / 1e3, 1),
+            "p99": round(float(np.percentile(samples_ns, 99)) / 1e3, 1)}
+
+
+def _collect(reports: Any, count: int, timeout_s: float, what: str) -> list[Any]:
+    out: list[Any] = []
+    end = time.monotonic() + timeout_s
+    while len(out) < count:
+        try:
+            out.append(reports.get(timeout=max(0.1, end - time.monotonic())))
+        except queue.Empty as exc:
+            raise RuntimeError(f"{len(out)} of {count} {what} reported within {timeout_s:.0f} s") from exc
+    return out
+
+
+def run_once(workers: int, frontends: int, window: int, seconds: float, args: argparse.Namespace,
+             log_path: Path) -> dict[str, Any]:
+    """One measurement: a fresh broker (none when workers is 0), stand-in workers and frontends."""
+    mp = multiprocessing.get_context("spawn")
+    stop, go = mp.Event(), mp.Event()
+    worker_reports, frontend_reports, ready = mp.Queue(), mp.Queue(), mp.Queue()
+    frontend_endpoint, worker_endpoint = free_endpoint(), free_endpoint()
+    broker = None
+    if workers:
+        broker = start_broker(frontend_endpoint, worker_endpoint, args.broker_args.split(), log_path)
+        names = [f"stand-in-{i}" for i in range(workers)]
+        groups = [names[i::args.worker_processes] for i in range(min(args.worker_processes, workers))]
+        worker_procs = [mp.Process(target=serve_stand_in_workers, daemon=True,
+                                   args=(worker_endpoint, group, args.dim, 1.0, stop, worker_reports)) for group in groups]
+    else:
+        worker_procs = [mp.Process(target=serve_stand_in_workers, daemon=True,
+                                   args=(worker_endpoint, [], args.dim, 1.0, stop, worker_reports, frontend_endpoint))]
+    frontend_procs = [mp.Process(target=drive_stand_in_frontend, daemon=True,
+                                 args=(frontend_endpoint, i, workers, window, seconds, args.seqs, args.tokens,
+                                       args.dim, ready, go, frontend_reports)) for i in range(frontends)]
+    try:
+        for proc in (*worker_procs, *frontend_procs):
+            proc.start()
+        _collect(ready, frontends, 120.0, "frontends ready")
+        broker_cpu = cpu_seconds(broker.pid) if broker else 0.0
+        go.set()
+        runs: list[FrontendRun] = _collect(frontend_reports, frontends, seconds + 90.0, "frontends")
+        if broker:
+            broker_cpu = cpu_seconds(broker.pid) - broker_cpu
+        stop.set()
+        served = _collect(worker_reports, len(worker_procs), 30.0, "stand-in worker processes")
+    finally:
+        stop.set()
+        if broker:
+            broker.terminate()
+            broker.wait(10)
+        for proc in (*worker_procs, *frontend_procs):
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+    return summarize(workers, frontends, window, runs, served, broker_cpu)
+
+
+def summarize(workers: int, frontends: int, window: int, runs: list[FrontendRun], served: list[dict[str, Any]],
+              broker_cpu_s: float) -> dict[str, Any]:
+    """Join the frontends' and workers' notes by chunk id into hop times and rates."""
+    worker_times: dict[str, tuple[int, int]] = {}
+    by_worker: dict[str, int] = {}
+    for report in served:
+        worker_times.update(report["timings"])
+        by_worker.update(report["chunks_by_worker"])
+    sent, answered, hop_in, hop_out = [], [], [], []
+    for run in runs:
+        for chunk_id, (sent_ns, answered_ns) in run.timings.items():
+            sent.append(sent_ns)
+            answered.append(answered_ns)
+            received_ns, replied_ns = worker_times.get(chunk_id, (0, 0))
+            if received_ns:
+                hop_in.append(received_ns - sent_ns)
+                hop_out.append(answered_ns - replied_ns)
+    chunks = len(answered)
+    wall_s = (max(answered) - min(sent)) / 1e9 if chunks else 0.0
+    round_trip = np.asarray(answered, dtype=np.int64) - np.asarray(sent, dtype=np.int64)
+    return {
+        "workers": workers, "frontends": frontends, "window": window, "chunks": chunks,
+        "chunks_per_s": round(chunks / wall_s) if wall_s else 0,
+        "hop_in_us": percentile_us(np.asarray(hop_in)), "hop_out_us": percentile_us(np.asarray(hop_out)),
+        "round_trip_us": percentile_us(round_trip),
+        "broker_cpu_us_per_chunk": round(broker_cpu_s / chunks * 1e6, 1) if chunks and workers else None,
+        "broker_core_share": round(broker_cpu_s / wall_s, 2) if wall_s and workers else None,
+        "one_core_chunks_per_s": round(chunks / broker_cpu_s) if broker_cpu_s and workers else None,
+        "errors": sum(r.errors for r in runs), "wrong_answers": sum(r.wrong_answers for r in runs),
+        "unanswered": sum(r.unanswered for r in runs),
+        "unmatched": chunks - len(hop_in),
+        "workers_used": sum(1 for count in by_worker.values() if count),
+        "worker_bad_messages": sum(r["bad_messages"] for r in served),
+    }
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| workers | load | chunks/s | frontend→worker p50 / p99 µs | worker→frontend p50 / p99 µs | "
+             "round trip p50 / p99 µs | broker CPU µs/chunk | broker core share | chunks/s per broker core |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        label = str(row["workers"]) if row["workers"] else "none (direct)"
+        load = f"{row['frontends']}×{row['window']}"
+        cpu = "-" if row["broker_cpu_us_per_chunk"] is None else f"{row['broker_cpu_us_per_chunk']:.1f}"
+        share = "-" if row["broker_core_share"] is None else f"{row['broker_core_share']:.2f}"
+        per_core = "-" if row["one_core_chunks_per_s"] is None else f"{row['one_core_chunks_per_s']:,}"
+        hops = " | ".join(f"{row[k]['p50']:.0f} / {row[k]['p99']:.0f}" for k in ("hop_in_us", "hop_out_us", "round_trip_us"))
+        lines.append(f"| {label} | {load} | {row['chunks_per_s']:,} | {hops} | {cpu} | {share} | {per_core} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", default="1,2,4,8,16,64", help="stand-in worker counts, comma-separated")
+    parser.add_argument("--frontends", type=int, default=2, help="stand-in frontend processes")
+    parser.add_argument("--window", type=int, default=32, help="chunks each frontend keeps in flight under load")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each run")
+    parser.add_argument("--seqs", type=int, default=4, help="sequences per chunk")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per sequence")
+    parser.add_argument("--dim", type=int, default=384, help="width of the stand-in results")
+    parser.add_argument("--worker-processes", type=int, default=2, help="processes the stand-in workers share")
+    parser.add_argument("--broker-args", default="", help="extra options of `quiver broker`, e.g. '--busy-poll-us 500'")
+    parser.add_argument("--quick", action="store_true", help="1 and 2 workers, 1 s each: a smoke run for CI")
+    parser.add_argument("--out", default="", help="folder for broker_capacity.json and .md (default: print only)")
+    args = parser.parse_args(argv)
+    counts = [1, 2] if args.quick else [int(x) for x in args.workers.split(",")]
+    seconds = 1.0 if args.quick else args.seconds
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="quiver-broker-capacity-"))
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "broker_capacity_broker.log"
+    rows = []
+    for workers in [0, *counts]:
+        for window in (args.window, 1):
+            frontends = 1 if workers == 0 and window == 1 else args.frontends
+            row = run_once(workers, frontends, window, seconds, args, log_path)
+            rows.append(row)
+            print(markdown([row]).splitlines()[-1], flush=True)
+    meta = {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "seconds": seconds, "seqs": args.seqs,
+            "tokens": args.tokens, "dim": args.dim, "broker_args": args.broker_args}
+    table = markdown(rows)
+    if args.out:
+        (out / "broker_capacity.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        (out / "broker_capacity.md").write_text(table + "\n")
+    print(table)
+    failed = [r for r in rows if r["errors"] or r["wrong_answers"] or r["unanswered"] or r["worker_bad_messages"]]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

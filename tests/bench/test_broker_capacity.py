@@ -1,0 +1,29 @@
+"""The broker-capacity benchmark's --quick run against the real broker process, with stand-in peers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_quick_run_routes_every_chunk_through_each_worker_and_reports_hops(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "quiver.bench.broker_capacity", "--quick", "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads((tmp_path / "broker_capacity.json").read_text())["rows"]
+    assert [(row["workers"], row["window"]) for row in rows] == [(0, 32), (0, 1), (1, 32), (1, 1), (2, 32), (2, 1)]
+    for row in rows:
+        assert row["chunks"] > 0 and row["chunks_per_s"] > 0
+        assert row["errors"] == row["wrong_answers"] == row["unanswered"] == row["worker_bad_messages"] == 0
+        assert row["unmatched"] == 0  # every answer was produced by a stand-in worker that saw the chunk
+        for hop in ("hop_in_us", "hop_out_us", "round_trip_us"):
+            assert 0 < row[hop]["p50"] <= row[hop]["p99"]
+        if row["workers"]:
+            assert row["broker_cpu_us_per_chunk"] > 0 and row["broker_core_share"] > 0
+        else:
+            assert row["broker_cpu_us_per_chunk"] is None
+    two_loaded = rows[4]
+    assert two_loaded["workers_used"] == 2  # the broker spread a full window over both workers
+    table = (tmp_path / "broker_capacity.md").read_text()
+    assert "| none (direct) | 2×32 |" in table and "| 2 | 2×1 |" in table
