@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from quiver.common.config import (
-    SERVE_HIDDEN, BrokerSettings, default_http_processes, FrontendSettings, ServeSettings, WorkerSettings, secret_environment, secret_names,
-    to_argv,
+    SERVE_HIDDEN, BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, default_http_processes,
+    secret_environment, secret_names, to_argv,
 )
 from quiver.common.model_info import EXIT_MODEL_ERROR
 
