@@ -8,6 +8,8 @@ from quiver.common.protocol import ErrorCode
 CHUNKS_RECEIVED = define("quiver_broker_chunks_received_total")
 DISPATCHES = define("quiver_broker_dispatches_total")
 REQUEUES = define("quiver_broker_requeues_total")
+CHUNK_TIMEOUTS = define("quiver_broker_chunk_timeouts_total")
+REFUSED = define("quiver_broker_refused_messages_total")
 DEAD_WORKERS = define("quiver_broker_dead_workers_total")
 DUPLICATE_RESULTS = define("quiver_broker_duplicate_results_total")
 DUPLICATE_CHUNKS = define("quiver_broker_duplicate_chunks_total")
@@ -30,3 +32,18 @@ for _code in ErrorCode:
     CHUNK_FAILURES.labels(_code.value)
 for _peer in ("frontend", "worker"):
     BAD_MESSAGES.labels(_peer)
+for _message, _reason in (
+    ("RESULT", "unregistered"), ("RESULT", "not_assigned"), ("RESULT", "rows"), ("RESULT", "dim"),
+    ("RESULT", "dtype"), ("ERROR", "unregistered"), ("ERROR", "not_assigned"), ("CANCEL", "not_owner"),
+    ("READY", "secret"), ("READY", "version"), ("READY", "model"), ("CHUNK", "model"),
+):
+    REFUSED.labels(_message, _reason)
+
+
+def forget_worker(name: str) -> None:
+    """Remove a lost worker's label sets, so names that come and go do not pile up series."""
+    for metric in (WORKER_UP, INFLIGHT_CHUNKS, INFLIGHT_TOKENS, DISPATCHES):
+        try:
+            metric.remove(name)
+        except KeyError:
+            pass

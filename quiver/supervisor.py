@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from quiver.common.config import BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, to_argv
 from quiver.common.model_info import EXIT_MODEL_ERROR, ModelError, default_model_dir, load_model_info
+from quiver.common.security import CLUSTER_SECRET_ENV, new_cluster_secret
 
 log = logging.getLogger("quiver.serve")
 
@@ -139,6 +140,8 @@ class Supervisor:
                  ", ".join(sorted({w.argv[w.argv.index('--device') + 1] for w in self.workers})))
         signal.signal(signal.SIGINT, self._request_stop)
         signal.signal(signal.SIGTERM, self._request_stop)
+        # The children inherit it: only this run's workers can register with this run's broker.
+        os.environ.setdefault(CLUSTER_SECRET_ENV, new_cluster_secret())
         assert self.broker is not None and self.frontend is not None
         self.broker.start()
         if self._wait_exit(self.broker, STARTUP_GRACE_S) is not None:
