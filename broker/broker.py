@@ -261,8 +261,7 @@ class Broker:
             tasks=frozenset(ready.tasks), expiry=time.monotonic() + self.settings.liveness_window_s,
             output_dim=ready.output_dim, output_dtype=ready.output_dtype,
         )
-        orphans = self.dispatcher.add_worker(worker)
-        self._requeue(orphans)
+        self.dispatcher.add_worker(worker)
         metrics.WORKER_UP.labels(worker.name).set(1)
         log.info("worker %s ready: pid %d, %s, model %s, capacity %d tokens, %d × %s per sequence",
                  ready.name, ready.pid, ready.device, ready.model, ready.capacity_tokens, ready.output_dim,
@@ -320,13 +319,15 @@ class Broker:
             metrics.REQUEUES.inc()
             self.dispatcher.enqueue(chunk, front=True)
 
-    def _hold_budget_s(self, chunk: PendingChunk) -> float:
-        """How long one worker may hold a chunk before it is given to another."""
-        return self.settings.chunk_hold_s + chunk.num_tokens / self.settings.chunk_hold_tokens_per_s
+    def _hold_budget_s(self, worker: WorkerState, chunk: PendingChunk) -> float:
+        """How long `worker` may hold `chunk` before it is given to another: a fixed allowance plus the
+        time to run, at the slowest expected rate, the tokens it already holds and the chunk's own."""
+        tokens = worker.outstanding_tokens + chunk.num_tokens
+        return self.settings.chunk_hold_s + tokens / self.settings.chunk_hold_tokens_per_s
 
     def _send_to_worker(self, chunk: PendingChunk, worker: WorkerState) -> None:
         now = time.monotonic()
-        self.dispatcher.assign(chunk, worker, hold_until=now + self._hold_budget_s(chunk))
+        self.dispatcher.assign(chunk, worker, hold_until=now + self._hold_budget_s(worker, chunk))
         # Only the small header is packed again; the token frames go out as the frontend sent them.
         frames = chunk.message.with_header(timeout_s=max(0.0, chunk.deadline - now), attempt=chunk.attempt)
         send_frames(self.workers, frames, worker.identity)
@@ -353,8 +354,8 @@ class Broker:
         (the slow worker is told to drop it; its answer, should it come, is dropped as a duplicate)."""
         overdue = self.dispatcher.take_overdue(now)
         for chunk, worker in overdue:
-            log.warning("worker %s held chunk %s for over %.1f s; dispatching it again", worker.name,
-                        chunk.chunk_id, self._hold_budget_s(chunk))
+            log.warning("worker %s held chunk %s past its budget; dispatching it again", worker.name,
+                        chunk.chunk_id)
             metrics.CHUNK_TIMEOUTS.inc()
             send(self.workers, Cancel(chunk_id=chunk.chunk_id), worker.identity)
         self._requeue([chunk for chunk, _ in overdue])

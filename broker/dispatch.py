@@ -79,11 +79,13 @@ class Dispatcher:
         self.max_queued = max_queued
 
     # workers ---------------------------------------------------------------------------------
-    def add_worker(self, worker: WorkerState) -> list[PendingChunk]:
-        """Register a worker; if its identity was already known, return the chunks it held."""
-        orphans = self.remove_worker(worker.identity)
+    def add_worker(self, worker: WorkerState) -> None:
+        """Register a worker. A READY again from a registered identity is the same process (say, after
+        duplicate RECONNECTs): it keeps the chunks it holds."""
+        known = self.workers.get(worker.identity)
+        if known is not None:
+            worker.inflight, worker.outstanding_tokens = known.inflight, known.outstanding_tokens
         self.workers[worker.identity] = worker
-        return orphans
 
     def remove_worker(self, identity: bytes) -> list[PendingChunk]:
         """Forget a worker and return the chunks it held, unassigned, for the caller to requeue."""
@@ -101,8 +103,10 @@ class Dispatcher:
 
     # chunks ----------------------------------------------------------------------------------
     def pick_worker(self, chunk: PendingChunk) -> WorkerState | None:
+        """The fitting worker with the fewest outstanding tokens, one that lost this chunk before last."""
         candidates = [w for w in self.workers.values() if w.fits(chunk)]
-        return min(candidates, key=lambda w: w.outstanding_tokens, default=None)
+        return min(candidates, key=lambda w: (w.identity in chunk.former_workers, w.outstanding_tokens),
+                   default=None)
 
     def assign(self, chunk: PendingChunk, worker: WorkerState, hold_until: float = float("inf")) -> None:
         chunk.worker = worker.identity

@@ -59,9 +59,11 @@ class BrokerSettings(HeartbeatSettings, LoggingSettings):
                                            "per-role directories: with this, a frontend key can register as a worker)")
     cluster_secret_file: str = option("", "file holding the secret every worker's READY must carry (or set "
                                           "QUIVER_CLUSTER_SECRET; without either any local process may register)")
-    chunk_hold_s: float = option(30.0, "a worker holding a chunk longer than this plus its tokens' share "
-                                       "(see chunk_hold_tokens_per_s) loses it to another worker")
-    chunk_hold_tokens_per_s: float = option(1000.0, "slowest rate a live worker is expected to run a chunk at")
+    chunk_hold_s: float = option(30.0, "a worker holding a chunk longer than this plus the time its tokens and "
+                                       "those queued before them take at chunk_hold_tokens_per_s loses it to "
+                                       "another worker")
+    chunk_hold_tokens_per_s: float = option(200.0, "slowest rate a live worker is expected to run tokens at "
+                                                   "(the default allows a CPU worker on a busy host)")
     allow_insecure: bool = option(False, "allow binding a non-loopback endpoint without CurveZMQ")
     busy_poll_us: int = option(0, "after a message, poll without sleeping for this long (lower latency, more CPU)")
 

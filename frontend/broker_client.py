@@ -84,7 +84,8 @@ class BrokerClient:
     def _open_socket(self) -> None:
         """A DEALER under a fresh random identity, connected, greeted, with its own receive task."""
         assert self.ctx is not None
-        self.sock = make_socket(self.ctx, zmq.DEALER, identity=secrets.token_bytes(16))
+        # 128 random bits as hex: no leading zero byte, which ZeroMQ reserves.
+        self.sock = make_socket(self.ctx, zmq.DEALER, identity=secrets.token_hex(16).encode())
         if self.curve is not None:
             self.curve.apply(self.sock)
         self.sock.connect(self.endpoint)
