@@ -39,34 +39,9 @@ log = logging.getLogger("quiver.broker")
 
 # Messages handled from one socket before looking at the other, so neither side starves the other.
 MAX_MESSAGES_PER_TURN = 1000
-# A refusal reason is logged at most once per this many seconds (a flood must not flood the log).
-REFUSAL_LOG_INTERVAL_S = 10.0
-
-
-class RateLimitedLog:
-    """Counts refusals in the metric and logs each (message, reason) at most once per interval."""
-
-    def __init__(self, interval_s: float = REFUSAL_LOG_INTERVAL_S) -> None:
-        self.interval_s = interval_s
-        self.last: dict[tuple[str, str], float] = {}
-        self.suppressed: dict[tuple[str, str], int] = {}
-
-    def refuse(self, message: str, reason: str, text: str, *args: object) -> None:
-        metrics.REFUSED.labels(message, reason).inc()
-        self.warn(message, reason, text, *args)
-
-    def warn(self, message: str, reason: str, text: str, *args: object) -> None:
-        key = (message, reason)
-        now = time.monotonic()
-        if now - self.last.get(key, float("-inf")) < self.interval_s:
-            self.suppressed[key] = self.suppressed.get(key, 0) + 1
-            return
-        self.last[key] = now
-        more = self.suppressed.pop(key, 0)
-        log.warning("refused a %s: " + text + (f" ({more} more like it not logged)" if more else ""),
-                    message, *args)
-
-
+# Frontends remembered as expecting another model than this broker's (their chunks are refused);
+# the set is cleared when it reaches this size, so identities that come and go cannot grow it.
+MAX_FOREIGN_FRONTENDS = 1024
 class Broker:
     def __init__(self, settings: BrokerSettings, ctx: zmq.Context | None = None) -> None:
         self.settings = settings
@@ -88,8 +63,12 @@ class Broker:
                 curve.apply(sock, domain)
             sock.bind(endpoint)
         self.instance_id = secrets.token_hex(8)
+        # The model this broker serves: set by the first frontend that names one (one model per broker).
+        self.fingerprint = ""
+        self.model = ""
+        self.foreign_frontends: set[bytes] = set()
         self.dispatcher = Dispatcher(settings.max_queued_chunks)
-        self.refusals = RateLimitedLog()
+        self.refusals = metrics.Refusals()
         self.running = True
         self.next_heartbeat = 0.0
         log.info("broker %s listening: frontends on %s, workers on %s",
@@ -107,7 +86,7 @@ class Broker:
             # Right after traffic, poll without sleeping for a moment: the next message of a busy
             # stream then costs no thread wake-up (tens of microseconds each on a virtual machine).
             spinning = time.monotonic() - last_message < spin_s
-            timeout_ms = 0 if spinning else max(0.0, self.next_heartbeat - time.monotonic()) * 1000
+            timeout_ms = 0 if spinning else int(max(0.0, self.next_heartbeat - time.monotonic()) * 1000)
             events = dict(poller.poll(timeout_ms))
             now = time.monotonic()
             if events:
@@ -141,7 +120,7 @@ class Broker:
                 self.refusals.warn("message", f"malformed from a {peer}", "%s", exc)
             else:
                 handler(identity, message)
-            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 return
 
     def stop(self, *_: object) -> None:
@@ -163,7 +142,11 @@ class Broker:
         if isinstance(message, Routed) and message.type == MsgType.CHUNK:
             self._on_chunk(frontend, message)
         elif isinstance(message, Heartbeat):
-            send(self.frontends, self._heartbeat(), frontend)
+            self._check_frontend_model(frontend, message)
+            beat = self._heartbeat()
+            if frontend in self.foreign_frontends:
+                beat.live_workers = 0  # none serves its model
+            send(self.frontends, beat, frontend)
         elif isinstance(message, Cancel):
             self._on_cancel(frontend, message)
         elif isinstance(message, Disconnect):
@@ -173,7 +156,39 @@ class Broker:
             self.refusals.warn("message", "wrong direction", "a frontend sent %s, which frontends do not send",
                                  type(message).__name__)
 
+    def _check_frontend_model(self, frontend: bytes, beat: Heartbeat) -> None:
+        if not beat.fingerprint:
+            return
+        if not self.fingerprint:
+            self.fingerprint, self.model = beat.fingerprint, beat.model
+            log.info("serving model %s (fingerprint %s), as the first frontend expects", beat.model, beat.fingerprint)
+            for worker in list(self.dispatcher.workers.values()):
+                if worker.fingerprint != self.fingerprint:
+                    self._refuse_model(worker.identity, worker.name, worker.model, worker.fingerprint)
+                    self._drop_worker(worker.identity, "left")
+        elif beat.fingerprint != self.fingerprint:
+            if len(self.foreign_frontends) >= MAX_FOREIGN_FRONTENDS:
+                self.foreign_frontends.clear()
+            self.foreign_frontends.add(frontend)
+            self.refusals.warn("HEARTBEAT", "model", "a frontend expects model %s (fingerprint %s), this broker "
+                               "serves %s (%s): its chunks are refused", beat.model, beat.fingerprint,
+                               self.model, self.fingerprint)
+        else:
+            self.foreign_frontends.discard(frontend)
+
+    def _refuse_model(self, identity: bytes, name: str, model: str, fingerprint: str) -> None:
+        self.refusals.refuse("READY", "model", "worker %s serves model %s (fingerprint %s), the frontends expect "
+                             "%s (fingerprint %s)", name, model, fingerprint or "none", self.model, self.fingerprint)
+        send(self.workers, Disconnect(reason=f"this worker serves {model} (fingerprint {fingerprint or 'none'}); "
+                                             f"the broker's frontends expect {self.model} (fingerprint "
+                                             f"{self.fingerprint})"), identity)
+
     def _on_chunk(self, frontend: bytes, message: Routed) -> None:
+        if frontend in self.foreign_frontends:
+            metrics.REFUSED.labels("CHUNK", "model").inc()
+            self._fail(PendingChunk(message=message, frontend=frontend, deadline=0.0), ErrorCode.UNAVAILABLE,
+                       f"this broker serves {self.model}, not the model this frontend expects")
+            return
         known = self.dispatcher.find(message.chunk_id)
         if known is not None:
             # A frontend sends a chunk again after rebuilding its socket (new identity). Its id is a
@@ -256,10 +271,14 @@ class Broker:
                                  ready.name, ready.pid)
             send(self.workers, Disconnect(reason="READY lacks this broker's cluster secret"), identity)
             return
+        if self.fingerprint and ready.fingerprint != self.fingerprint:
+            self._refuse_model(identity, ready.name, ready.model, ready.fingerprint)
+            return
         worker = WorkerState(
             identity=identity, name=ready.name, device=ready.device, capacity_tokens=ready.capacity_tokens,
             tasks=frozenset(ready.tasks), expiry=time.monotonic() + self.settings.liveness_window_s,
-            output_dim=ready.output_dim, output_dtype=ready.output_dtype,
+            output_dim=ready.output_dim, output_dtype=ready.output_dtype, model=ready.model,
+            fingerprint=ready.fingerprint,
         )
         self.dispatcher.add_worker(worker)
         metrics.WORKER_UP.labels(worker.name).set(1)

@@ -56,6 +56,8 @@ class WorkerState:
     expiry: float
     output_dim: int
     output_dtype: str = "float32"
+    model: str = ""
+    fingerprint: str = ""
     outstanding_tokens: int = 0
     draining: bool = False
     inflight: dict[str, PendingChunk] = field(default_factory=dict)
@@ -133,10 +135,9 @@ class Dispatcher:
 
     def find(self, chunk_id: str) -> PendingChunk | None:
         """The chunk if it is in flight or queued, else None."""
-        chunk = self.inflight.get(chunk_id)
-        if chunk is None and chunk_id in self.queued_ids:
-            chunk = next(c for c in self.queue if c.chunk_id == chunk_id)
-        return chunk
+        if chunk_id in self.queued_ids:
+            return next(c for c in self.queue if c.chunk_id == chunk_id)
+        return self.inflight.get(chunk_id)
 
     def knows(self, chunk_id: str) -> bool:
         """Whether the chunk is queued or in flight (so a second copy of it is a duplicate)."""
@@ -159,10 +160,10 @@ class Dispatcher:
         """Drop a chunk: from the queue (returns it, worker None) or from a worker (returns it with
         `worker` still naming who holds it, for the caller to tell)."""
         if chunk_id in self.queued_ids:
-            chunk = next(c for c in self.queue if c.chunk_id == chunk_id)
-            self.queue.remove(chunk)
+            queued = next(c for c in self.queue if c.chunk_id == chunk_id)
+            self.queue.remove(queued)
             self.queued_ids.discard(chunk_id)
-            return chunk
+            return queued
         chunk = self.inflight.get(chunk_id)
         if chunk is None:
             return None

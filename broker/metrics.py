@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
 from quiver.common.metrics import LoopBeat, define
 from quiver.common.protocol import ErrorCode
+
+log = logging.getLogger("quiver.broker")
 
 CHUNKS_RECEIVED = define("quiver_broker_chunks_received_total")
 DISPATCHES = define("quiver_broker_dispatches_total")
@@ -38,6 +43,34 @@ for _message, _reason in (
     ("READY", "secret"), ("READY", "version"), ("READY", "model"), ("CHUNK", "model"),
 ):
     REFUSED.labels(_message, _reason)
+
+
+# A refusal reason is logged at most once per this many seconds (a flood must not flood the log).
+REFUSAL_LOG_INTERVAL_S = 10.0
+
+
+class Refusals:
+    """Counts refusals in the metric and logs each (message, reason) at most once per interval."""
+
+    def __init__(self, interval_s: float = REFUSAL_LOG_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self.last: dict[tuple[str, str], float] = {}
+        self.suppressed: dict[tuple[str, str], int] = {}
+
+    def refuse(self, message: str, reason: str, text: str, *args: object) -> None:
+        REFUSED.labels(message, reason).inc()
+        self.warn(message, reason, text, *args)
+
+    def warn(self, message: str, reason: str, text: str, *args: object) -> None:
+        key = (message, reason)
+        now = time.monotonic()
+        if now - self.last.get(key, float("-inf")) < self.interval_s:
+            self.suppressed[key] = self.suppressed.get(key, 0) + 1
+            return
+        self.last[key] = now
+        more = self.suppressed.pop(key, 0)
+        log.warning("refused a %s: " + text + (f" ({more} more like it not logged)" if more else ""),
+                    message, *args)
 
 
 def forget_worker(name: str) -> None:

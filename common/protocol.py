@@ -93,7 +93,7 @@ def _check_bool(name: str, value: Any) -> None:
         raise ProtocolError(f"field {name!r} must be a boolean")
 
 
-def _array_frame(name: str, frame: bytes | memoryview, dtype: np.dtype, count: int) -> np.ndarray:
+def _array_frame(name: str, frame: bytes | memoryview, dtype: Any, count: int) -> np.ndarray:
     buf = memoryview(frame)
     expected = count * np.dtype(dtype).itemsize
     if buf.nbytes != expected:
@@ -171,7 +171,7 @@ class Ready(Message):
 class Heartbeat(Message):
     """I am alive. From the broker it carries `broker_id`, random per broker start, so a peer sees a
     restart however short, and to a frontend how many workers are live; from a frontend,
-    `fingerprint` names the model it expects; from a worker, `draining` says it finishes what it
+    `fingerprint` and `model` name the model it expects; from a worker, `draining` says it finishes what it
     holds and wants no new chunks."""
 
     TYPE: ClassVar[MsgType] = MsgType.HEARTBEAT
@@ -179,6 +179,7 @@ class Heartbeat(Message):
     draining: bool = False
     broker_id: str = ""
     fingerprint: str = ""
+    model: str = ""
 
     @classmethod
     def check(cls, h: dict[str, Any]) -> None:
@@ -186,6 +187,7 @@ class Heartbeat(Message):
         _check_bool("draining", h.get("draining", False))
         _check_str("broker_id", h.get("broker_id", ""))
         _check_str("fingerprint", h.get("fingerprint", ""))
+        _check_str("model", h.get("model", ""), 512)
 
 
 @dataclass
@@ -236,8 +238,8 @@ class Chunk(Message):
     timeout_s: float
     has_token_types: bool = False
     attempt: int = 0
-    input_ids: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
-    seq_lens: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
+    input_ids: np.ndarray = field(default=None, repr=False)  # type: ignore[arg-type]
+    seq_lens: np.ndarray = field(default=None, repr=False)  # type: ignore[arg-type]
     token_type_ids: np.ndarray | None = field(default=None, repr=False)
 
     ARRAY_FIELDS: ClassVar[tuple[str, ...]] = ("input_ids", "seq_lens", "token_type_ids")
@@ -246,7 +248,7 @@ class Chunk(Message):
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.ARRAY_FIELDS}
 
     def arrays(self) -> list[bytes | memoryview]:
-        frames = [_as_frame(self.input_ids, np.int32), _as_frame(self.seq_lens, np.int32)]
+        frames: list[bytes | memoryview] = [_as_frame(self.input_ids, np.int32), _as_frame(self.seq_lens, np.int32)]
         if self.has_token_types:
             frames.append(_as_frame(self.token_type_ids, np.int32))
         return frames
@@ -289,7 +291,7 @@ class Result(Message):
     queue_s: float = 0.0
     inference_s: float = 0.0
     worker: str = ""
-    values: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
+    values: np.ndarray = field(default=None, repr=False)  # type: ignore[arg-type]
 
     def header(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "values"}
@@ -351,21 +353,22 @@ MESSAGE_CLASSES: dict[MsgType, type[Message]] = {
 }
 
 
-def _as_frame(array: np.ndarray | None, dtype: type) -> memoryview:
+def _as_frame(array: np.ndarray | None, dtype: Any) -> memoryview:
     if array is None:
         raise ProtocolError("a required array is missing")
     array = np.ascontiguousarray(array, dtype=dtype)
     if array.nbytes > MAX_ARRAY_BYTES:
         raise ProtocolError(f"array of {array.nbytes} bytes is over the {MAX_ARRAY_BYTES} limit")
-    return memoryview(array).cast("B")
+    return memoryview(array).cast("B")  # type: ignore[arg-type]  # ndarray implements the buffer protocol
 
 
-def _decode_header(frames: list[Any]) -> tuple[type[Message], dict[str, Any], list[memoryview]]:
+def _decode_header(frames: list[Any]) -> tuple[type[Message], dict[str, Any], list[bytes | memoryview]]:
     """Check the type byte and the header; return the message class, the header and the array frames
     (memoryviews over the received buffers, not read)."""
     if len(frames) < 2:
         raise ProtocolError(f"a message needs a type frame and a header frame, got {len(frames)} frames")
-    type_frame, header_frame, *arrays = (memoryview(getattr(f, "buffer", f)) for f in frames)
+    type_frame, header_frame, *views = (memoryview(getattr(f, "buffer", f)) for f in frames)
+    arrays: list[bytes | memoryview] = list(views)
     if type_frame.nbytes != 1:
         raise ProtocolError("the type frame must be one byte")
     try:
@@ -434,7 +437,7 @@ def peek(frames: list[Any]) -> Message | Routed:
         expected = [result_frame_bytes(header)]
     else:
         return cls.from_parts(header, arrays)
-    sizes = [a.nbytes for a in arrays]
+    sizes = [memoryview(a).nbytes for a in arrays]
     if sizes != expected:
         raise ProtocolError(f"{cls.TYPE.name} array frames hold {sizes} bytes, its header implies {expected}")
     return Routed(cls.TYPE, header, list(frames))

@@ -46,10 +46,12 @@ class _Waiting:
 
 class BrokerClient:
     def __init__(self, endpoint: str, heartbeat_interval_s: float, liveness: int,
-                 curve: CurveClient | None = None, fingerprint: str = "") -> None:
+                 curve: CurveClient | None = None, fingerprint: str = "", model: str = "") -> None:
         self.endpoint = endpoint
         self.curve = curve
+        # Named in every heartbeat: the broker serves this frontend only from workers of this model.
         self.fingerprint = fingerprint
+        self.model = model
         self.interval = heartbeat_interval_s
         self.window = heartbeat_interval_s * liveness
         self.waiting: dict[str, _Waiting] = {}
@@ -90,7 +92,7 @@ class BrokerClient:
             self.curve.apply(self.sock)
         self.sock.connect(self.endpoint)
         self._socket_since = time.monotonic()
-        send(self.sock, Heartbeat(fingerprint=self.fingerprint))
+        send(self.sock, Heartbeat(fingerprint=self.fingerprint, model=self.model))
         self._receiver = asyncio.create_task(self._receive_loop(self.sock))
 
     async def _rebuild_socket(self) -> None:
@@ -195,7 +197,7 @@ class BrokerClient:
             if not self.broker_alive and now - max(self.last_heard, self._socket_since) > self.window:
                 await self._rebuild_socket()
             assert self.sock is not None
-            send(self.sock, Heartbeat(fingerprint=self.fingerprint))
+            send(self.sock, Heartbeat(fingerprint=self.fingerprint, model=self.model))
             if not self.broker_alive:
                 self.live_workers = 0
                 metrics.LIVE_WORKERS.set(0)

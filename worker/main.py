@@ -17,6 +17,7 @@ import zmq
 
 from quiver.common import sdnotify
 from quiver.common.config import WorkerSettings
+from quiver.common.fingerprint import model_fingerprint
 from quiver.common.metrics import serve_metrics
 from quiver.common.model_info import EXIT_MODEL_ERROR, ModelError, default_model_dir, tasks_for_kind
 from quiver.common.protocol import PROTOCOL_VERSION, Ready
@@ -71,6 +72,7 @@ def run_worker(settings: WorkerSettings) -> int:
     ready = Ready(
         version=PROTOCOL_VERSION, name=name, model=info.model.name, device=info.device,
         capacity_tokens=2 * info.max_batch_tokens, output_dim=info.output_dim, secret=secret,
+        fingerprint=model_fingerprint(model_dir),
         tasks=tasks_for_kind(info.model.kind), pid=os.getpid(),
     )
     ctx = zmq.Context()
