@@ -1,17 +1,25 @@
 """The broker: one thread, one poll loop over two ROUTER sockets (frontends, workers).
 
 It owns every chunk from receipt until its answer goes back to the frontend that sent it. Workers
-register with READY (checked for the protocol version) and both sides heartbeat each interval; a
-worker silent for the liveness window is dropped and its chunks are dispatched again, up to a number
-of retries. A worker the broker does not know (after a broker restart, say) is told to RECONNECT.
+register with READY (checked for the protocol version, the cluster secret and the model) and both
+sides heartbeat each interval; a worker silent for the liveness window is dropped and its chunks are
+dispatched again, up to a number of retries, as is a chunk a live worker holds past its hold budget.
+A worker the broker does not know (after a broker restart, say) is told to RECONNECT; every heartbeat
+carries this broker's random instance id, so peers notice a restart however quick.
+
+Trust: a RESULT or ERROR is accepted only from the worker the chunk is assigned to, a RESULT only with
+the rows, width and dtype the chunk and that worker's READY imply; a CANCEL only from the chunk's
+frontend. Anything else is dropped, counted (quiver_broker_refused_messages_total) and logged at a
+bounded rate. CHUNK and RESULT array frames are never read here: they are forwarded as received.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import signal
 import time
-from typing import cast
+from typing import Callable
 
 import zmq
 
@@ -19,40 +27,52 @@ from quiver.broker import metrics
 from quiver.broker.dispatch import Dispatcher, PendingChunk, QueueFull, WorkerState
 from quiver.common.config import BrokerSettings
 from quiver.common.protocol import (
-    PROTOCOL_VERSION, Cancel, Chunk, Disconnect, Error, ErrorCode, Heartbeat, ProtocolError, Ready,
-    Reconnect, Result,
+    PROTOCOL_VERSION, Cancel, Disconnect, Error, ErrorCode, Heartbeat, Message, MsgType, ProtocolError, Ready,
+    Reconnect, Routed,
 )
-from quiver.common.security import CurveServer, SecurityError, check_exposure
-from quiver.common.transport import make_socket, recv_routed, send
+from quiver.common.security import (
+    FRONTEND_DOMAIN, WORKER_DOMAIN, SecurityError, check_exposure, cluster_secret, secret_matches, server_from,
+)
+from quiver.common.transport import make_socket, recv_peeked, send, send_frames
 
 log = logging.getLogger("quiver.broker")
 
-
-def _has_input(sock: zmq.Socket) -> bool:
-    """Whether another message is waiting on `sock` (ZMQ_EVENTS is an int option)."""
-    return bool(cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
-
-
+# Messages handled from one socket before looking at the other, so neither side starves the other.
+MAX_MESSAGES_PER_TURN = 1000
+# Frontends remembered as expecting another model than this broker's (their chunks are refused);
+# the set is cleared when it reaches this size, so identities that come and go cannot grow it.
+MAX_FOREIGN_FRONTENDS = 1024
 class Broker:
     def __init__(self, settings: BrokerSettings, ctx: zmq.Context | None = None) -> None:
         self.settings = settings
         self.ctx = ctx or zmq.Context.instance()
-        curve = CurveServer(settings.curve_secret_key, settings.curve_authorized_dir) \
-            if settings.curve_secret_key else None
+        curve = server_from(settings.curve_secret_key, settings.curve_frontend_keys_dir,
+                            settings.curve_worker_keys_dir, settings.curve_authorized_dir)
         endpoints = [settings.frontend_endpoint, settings.worker_endpoint]
         check_exposure(endpoints, curve, settings.allow_insecure)
+        self.secret = cluster_secret(settings.cluster_secret_file)
+        if not self.secret:
+            log.warning("no cluster secret (QUIVER_CLUSTER_SECRET or --cluster-secret-file): any process that "
+                        "can reach %s may register as a worker", settings.worker_endpoint)
         self.authenticator = curve.start(self.ctx) if curve else None
         self.frontends = make_socket(self.ctx, zmq.ROUTER)
         self.workers = make_socket(self.ctx, zmq.ROUTER)
-        for sock, endpoint in ((self.frontends, endpoints[0]), (self.workers, endpoints[1])):
+        for sock, endpoint, domain in ((self.frontends, endpoints[0], FRONTEND_DOMAIN),
+                                       (self.workers, endpoints[1], WORKER_DOMAIN)):
             if curve:
-                curve.apply(sock)
+                curve.apply(sock, domain)
             sock.bind(endpoint)
+        self.instance_id = secrets.token_hex(8)
+        # The model this broker serves: set by the first frontend that names one (one model per broker).
+        self.fingerprint = ""
+        self.model = ""
+        self.foreign_frontends: set[bytes] = set()
         self.dispatcher = Dispatcher(settings.max_queued_chunks)
+        self.refusals = metrics.Refusals()
         self.running = True
         self.next_heartbeat = 0.0
-        log.info("broker listening: frontends on %s, workers on %s",
-                 settings.frontend_endpoint, settings.worker_endpoint)
+        log.info("broker %s listening: frontends on %s, workers on %s",
+                 self.instance_id, settings.frontend_endpoint, settings.worker_endpoint)
 
     # loop --------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -81,27 +101,26 @@ class Broker:
             if now >= self.next_heartbeat:
                 self._heartbeat_workers(now)
                 self._expire_queued(now)
+                self._take_back_overdue(now)
                 self.next_heartbeat = now + interval
             self._dispatch_queued()
             self._update_gauges()
             metrics.loop_tick()  # the loop went round: its timestamp, and systemd's watchdog
         self.close()
 
-    def _drain(self, sock: zmq.Socket, handler, peer: str) -> None:
-        """Handle every message waiting on `sock` (bounded, so neither side starves the other)."""
-        for _ in range(1000):
+    def _drain(self, sock: zmq.Socket, handler: Callable[[bytes, Message | Routed], None], peer: str) -> None:
+        """Handle the messages waiting on `sock`, at most MAX_MESSAGES_PER_TURN."""
+        for _ in range(MAX_MESSAGES_PER_TURN):
             try:
-                identity, message = recv_routed(sock)
+                identity, message = recv_peeked(sock)
             except zmq.Again:
                 return
             except ProtocolError as exc:
                 metrics.BAD_MESSAGES.labels(peer).inc()
-                log.warning("dropped a malformed message from a %s: %s", peer, exc)
-                if not _has_input(sock):
-                    return
-                continue
-            handler(identity, message)
-            if not _has_input(sock):
+                self.refusals.warn("message", f"malformed from a {peer}", "%s", exc)
+            else:
+                handler(identity, message)
+            if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 return
 
     def stop(self, *_: object) -> None:
@@ -115,28 +134,83 @@ class Broker:
         if self.authenticator is not None:
             self.authenticator.stop()
 
+    def _heartbeat(self) -> Heartbeat:
+        return Heartbeat(live_workers=len(self.dispatcher.workers), broker_id=self.instance_id)
+
     # frontends --------------------------------------------------------------------------------
-    def _on_frontend_message(self, frontend: bytes, message) -> None:
-        if isinstance(message, Chunk):
-            if self.dispatcher.knows(message.chunk_id):
-                metrics.DUPLICATE_CHUNKS.inc()
-                return
-            metrics.CHUNKS_RECEIVED.inc()
-            chunk = PendingChunk(message=message, frontend=frontend,
-                                 deadline=time.monotonic() + message.timeout_s)
-            self._submit(chunk)
+    def _on_frontend_message(self, frontend: bytes, message: Message | Routed) -> None:
+        if isinstance(message, Routed) and message.type == MsgType.CHUNK:
+            self._on_chunk(frontend, message)
         elif isinstance(message, Heartbeat):
-            send(self.frontends, Heartbeat(live_workers=len(self.dispatcher.workers),
-                                           queued_chunks=len(self.dispatcher.queue)), frontend)
+            self._check_frontend_model(frontend, message)
+            beat = self._heartbeat()
+            if frontend in self.foreign_frontends:
+                beat.live_workers = 0  # none serves its model
+            send(self.frontends, beat, frontend)
         elif isinstance(message, Cancel):
-            chunk = self.dispatcher.cancel(message.chunk_id)
-            if chunk is not None and chunk.worker is not None:
-                send(self.workers, message, chunk.worker)
+            self._on_cancel(frontend, message)
         elif isinstance(message, Disconnect):
             log.info("a frontend left: %s", message.reason)
         else:
             metrics.BAD_MESSAGES.labels("frontend").inc()
-            log.warning("a frontend sent %s, which frontends do not send", type(message).__name__)
+            self.refusals.warn("message", "wrong direction", "a frontend sent %s, which frontends do not send",
+                                 type(message).__name__)
+
+    def _check_frontend_model(self, frontend: bytes, beat: Heartbeat) -> None:
+        if not beat.fingerprint:
+            return
+        if not self.fingerprint:
+            self.fingerprint, self.model = beat.fingerprint, beat.model
+            log.info("serving model %s (fingerprint %s), as the first frontend expects", beat.model, beat.fingerprint)
+            for worker in list(self.dispatcher.workers.values()):
+                if worker.fingerprint != self.fingerprint:
+                    self._refuse_model(worker.identity, worker.name, worker.model, worker.fingerprint)
+                    self._drop_worker(worker.identity, "left")
+        elif beat.fingerprint != self.fingerprint:
+            if len(self.foreign_frontends) >= MAX_FOREIGN_FRONTENDS:
+                self.foreign_frontends.clear()
+            self.foreign_frontends.add(frontend)
+            self.refusals.warn("HEARTBEAT", "model", "a frontend expects model %s (fingerprint %s), this broker "
+                               "serves %s (%s): its chunks are refused", beat.model, beat.fingerprint,
+                               self.model, self.fingerprint)
+        else:
+            self.foreign_frontends.discard(frontend)
+
+    def _refuse_model(self, identity: bytes, name: str, model: str, fingerprint: str) -> None:
+        self.refusals.refuse("READY", "model", "worker %s serves model %s (fingerprint %s), the frontends expect "
+                             "%s (fingerprint %s)", name, model, fingerprint or "none", self.model, self.fingerprint)
+        send(self.workers, Disconnect(reason=f"this worker serves {model} (fingerprint {fingerprint or 'none'}); "
+                                             f"the broker's frontends expect {self.model} (fingerprint "
+                                             f"{self.fingerprint})"), identity)
+
+    def _on_chunk(self, frontend: bytes, message: Routed) -> None:
+        if frontend in self.foreign_frontends:
+            metrics.REFUSED.labels("CHUNK", "model").inc()
+            self._fail(PendingChunk(message=message, frontend=frontend, deadline=0.0), ErrorCode.UNAVAILABLE,
+                       f"this broker serves {self.model}, not the model this frontend expects")
+            return
+        known = self.dispatcher.find(message.chunk_id)
+        if known is not None:
+            # A frontend sends a chunk again after rebuilding its socket (new identity). Its id is a
+            # 128-bit secret shared only by that frontend, this broker and the chunk's worker, so
+            # knowing it proves ownership: answer the new identity.
+            known.frontend = frontend
+            metrics.DUPLICATE_CHUNKS.inc()
+            return
+        metrics.CHUNKS_RECEIVED.inc()
+        timeout_s = float(message.header["timeout_s"])
+        self._submit(PendingChunk(message=message, frontend=frontend, deadline=time.monotonic() + timeout_s))
+
+    def _on_cancel(self, frontend: bytes, message: Cancel) -> None:
+        chunk = self.dispatcher.find(message.chunk_id)
+        if chunk is None:
+            return
+        if chunk.frontend != frontend:
+            self.refusals.refuse("CANCEL", "not_owner", "chunk %s was sent by another frontend", message.chunk_id)
+            return
+        self.dispatcher.cancel(message.chunk_id)
+        if chunk.worker is not None:
+            send(self.workers, message, chunk.worker)
 
     def _submit(self, chunk: PendingChunk) -> None:
         """Send a new chunk to a worker now, or queue it; answer 'overloaded' when the queue is full."""
@@ -156,56 +230,91 @@ class Broker:
         send(self.frontends, Error(chunk_id=chunk.chunk_id, code=code.value, message=reason), chunk.frontend)
 
     # workers ----------------------------------------------------------------------------------
-    def _on_worker_message(self, identity: bytes, message) -> None:
+    def _on_worker_message(self, identity: bytes, message: Message | Routed) -> None:
         worker = self.dispatcher.workers.get(identity)
         if isinstance(message, Ready):
             self._register(identity, message)
             return
-        if isinstance(message, (Result, Error)):
-            self._on_outcome(message)
-        elif isinstance(message, Disconnect):
+        if isinstance(message, Disconnect):
             if worker is not None:
                 log.info("worker %s left: %s", worker.name, message.reason)
                 self._drop_worker(identity, "left")
             return
-        elif not isinstance(message, Heartbeat):
-            metrics.BAD_MESSAGES.labels("worker").inc()
-            log.warning("a worker sent %s, which workers do not send", type(message).__name__)
-            return
         if worker is None:
+            if isinstance(message, (Routed, Error)):
+                self.refusals.refuse(_type_name(message), "unregistered",
+                                     "from a peer that is not a registered worker")
             send(self.workers, Reconnect(), identity)
             return
+        if isinstance(message, (Routed, Error)) and _type_name(message) in ("RESULT", "ERROR"):
+            self._on_outcome(worker, message)
+        elif isinstance(message, Heartbeat):
+            if message.draining and not worker.draining:
+                log.info("worker %s is draining: no new chunks go to it", worker.name)
+                worker.draining = True
+        else:
+            metrics.BAD_MESSAGES.labels("worker").inc()
+            self.refusals.warn("message", "wrong direction", "a worker sent %s, which workers do not send",
+                                 _type_name(message))
+            return
         worker.expiry = time.monotonic() + self.settings.liveness_window_s
-        if isinstance(message, Heartbeat) and message.draining and not worker.draining:
-            log.info("worker %s is draining: no new chunks go to it", worker.name)
-            worker.draining = True
 
     def _register(self, identity: bytes, ready: Ready) -> None:
         if ready.version != PROTOCOL_VERSION:
-            log.error("refused worker %s (pid %d): it speaks protocol version %d, this broker %d",
-                      ready.name, ready.pid, ready.version, PROTOCOL_VERSION)
+            self.refusals.refuse("READY", "version", "worker %s (pid %d) speaks protocol version %d, this broker %d",
+                                 ready.name, ready.pid, ready.version, PROTOCOL_VERSION)
             send(self.workers, Disconnect(reason=f"protocol version {ready.version} is not "
                                                  f"{PROTOCOL_VERSION}"), identity)
             return
+        if not secret_matches(self.secret, ready.secret):
+            self.refusals.refuse("READY", "secret", "worker %r (pid %d) did not give the cluster secret",
+                                 ready.name, ready.pid)
+            send(self.workers, Disconnect(reason="READY lacks this broker's cluster secret"), identity)
+            return
+        if self.fingerprint and ready.fingerprint != self.fingerprint:
+            self._refuse_model(identity, ready.name, ready.model, ready.fingerprint)
+            return
         worker = WorkerState(
             identity=identity, name=ready.name, device=ready.device, capacity_tokens=ready.capacity_tokens,
-            max_seqs=ready.max_seqs, tasks=frozenset(ready.tasks),
-            expiry=time.monotonic() + self.settings.liveness_window_s,
+            tasks=frozenset(ready.tasks), expiry=time.monotonic() + self.settings.liveness_window_s,
+            output_dim=ready.output_dim, output_dtype=ready.output_dtype, model=ready.model,
+            fingerprint=ready.fingerprint,
         )
-        orphans = self.dispatcher.add_worker(worker)
-        self._requeue(orphans)
+        self.dispatcher.add_worker(worker)
         metrics.WORKER_UP.labels(worker.name).set(1)
-        log.info("worker %s ready: pid %d, %s, model %s, capacity %d tokens",
-                 ready.name, ready.pid, ready.device, ready.model, ready.capacity_tokens)
+        log.info("worker %s ready: pid %d, %s, model %s, capacity %d tokens, %d × %s per sequence",
+                 ready.name, ready.pid, ready.device, ready.model, ready.capacity_tokens, ready.output_dim,
+                 ready.output_dtype)
 
-    def _on_outcome(self, message: Result | Error) -> None:
-        chunk = self.dispatcher.complete(message.chunk_id)
+    def _on_outcome(self, worker: WorkerState, message: Routed | Error) -> None:
+        kind = _type_name(message)
+        chunk = self.dispatcher.inflight.get(message.chunk_id)
         if chunk is None:
-            metrics.DUPLICATE_RESULTS.inc()
+            metrics.DUPLICATE_RESULTS.inc()  # answered already, cancelled, or never known
             return
+        if chunk.worker != worker.identity:
+            if worker.identity in chunk.former_workers:
+                metrics.DUPLICATE_RESULTS.inc()  # a late answer after the chunk was taken back
+            else:
+                self.refusals.refuse(kind, "not_assigned", "for chunk %s from worker %s, which was not given it",
+                                     message.chunk_id, worker.name)
+            return
+        if isinstance(message, Routed):
+            header = message.header
+            for reason, got, expected in (("rows", header["num_seqs"], chunk.num_seqs),
+                                          ("dim", header["dim"], worker.output_dim),
+                                          ("dtype", header.get("dtype", "float32"), worker.output_dtype)):
+                if got != expected:
+                    self.refusals.refuse(kind, reason, "for chunk %s from worker %s: %s %r where %r is due",
+                                         message.chunk_id, worker.name, reason, got, expected)
+                    return
+        self.dispatcher.complete(message.chunk_id)
         if isinstance(message, Error):
             metrics.CHUNK_FAILURES.labels(message.code).inc()
-        send(self.frontends, message, chunk.frontend)
+            send(self.frontends, message, chunk.frontend)
+        else:
+            # Forwarded as received: the header and the values frame are the worker's own buffers.
+            send_frames(self.frontends, message.frames, chunk.frontend)
 
     def _drop_worker(self, identity: bytes, reason: str) -> None:
         worker = self.dispatcher.workers.get(identity)
@@ -213,9 +322,7 @@ class Broker:
             return
         orphans = self.dispatcher.remove_worker(identity)
         metrics.DEAD_WORKERS.labels(reason).inc()
-        metrics.WORKER_UP.labels(worker.name).set(0)
-        metrics.INFLIGHT_CHUNKS.labels(worker.name).set(0)
-        metrics.INFLIGHT_TOKENS.labels(worker.name).set(0)
+        metrics.forget_worker(worker.name)
         if orphans:
             log.warning("worker %s lost (%s) holding %d chunks; dispatching them again",
                         worker.name, reason, len(orphans))
@@ -231,12 +338,18 @@ class Broker:
             metrics.REQUEUES.inc()
             self.dispatcher.enqueue(chunk, front=True)
 
+    def _hold_budget_s(self, worker: WorkerState, chunk: PendingChunk) -> float:
+        """How long `worker` may hold `chunk` before it is given to another: a fixed allowance plus the
+        time to run, at the slowest expected rate, the tokens it already holds and the chunk's own."""
+        tokens = worker.outstanding_tokens + chunk.num_tokens
+        return self.settings.chunk_hold_s + tokens / self.settings.chunk_hold_tokens_per_s
+
     def _send_to_worker(self, chunk: PendingChunk, worker: WorkerState) -> None:
-        self.dispatcher.assign(chunk, worker)
-        message = chunk.message
-        message.timeout_s = max(0.0, chunk.deadline - time.monotonic())
-        message.attempt = chunk.attempt
-        send(self.workers, message, worker.identity)
+        now = time.monotonic()
+        self.dispatcher.assign(chunk, worker, hold_until=now + self._hold_budget_s(worker, chunk))
+        # Only the small header is packed again; the token frames go out as the frontend sent them.
+        frames = chunk.message.with_header(timeout_s=max(0.0, chunk.deadline - now), attempt=chunk.attempt)
+        send_frames(self.workers, frames, worker.identity)
         metrics.DISPATCHES.labels(worker.name).inc()
 
     def _dispatch_queued(self) -> None:
@@ -251,8 +364,20 @@ class Broker:
         for worker in self.dispatcher.expired_workers(now):
             log.warning("worker %s missed %d heartbeats", worker.name, self.settings.liveness)
             self._drop_worker(worker.identity, "silent")
+        beat = self._heartbeat()
         for identity in self.dispatcher.workers:
-            send(self.workers, Heartbeat(), identity)
+            send(self.workers, beat, identity)
+
+    def _take_back_overdue(self, now: float) -> None:
+        """A live worker that holds a chunk past its budget may never answer: give the chunk to another
+        (the slow worker is told to drop it; its answer, should it come, is dropped as a duplicate)."""
+        overdue = self.dispatcher.take_overdue(now)
+        for chunk, worker in overdue:
+            log.warning("worker %s held chunk %s past its budget; dispatching it again", worker.name,
+                        chunk.chunk_id)
+            metrics.CHUNK_TIMEOUTS.inc()
+            send(self.workers, Cancel(chunk_id=chunk.chunk_id), worker.identity)
+        self._requeue([chunk for chunk, _ in overdue])
 
     def _expire_queued(self, now: float) -> None:
         for chunk in self.dispatcher.take_expired_queued(now):
@@ -267,6 +392,10 @@ class Broker:
         for worker in self.dispatcher.workers.values():
             metrics.INFLIGHT_CHUNKS.labels(worker.name).set(len(worker.inflight))
             metrics.INFLIGHT_TOKENS.labels(worker.name).set(worker.outstanding_tokens)
+
+
+def _type_name(message: Message | Routed) -> str:
+    return message.type.name if isinstance(message, Routed) else message.TYPE.name
 
 
 def run_broker(settings: BrokerSettings) -> int:

@@ -1,9 +1,10 @@
 """The broker's book-keeping: live workers, chunks in flight and chunks waiting.
 
-Pure data structures with no sockets, so the dispatch policy can be read (and tested) on its own.
+Pure data structures with no sockets (tests/broker/test_dispatch.py drives them directly).
 Policy: a chunk goes to the live worker that supports its task and has the fewest outstanding tokens,
 provided the chunk fits under that worker's advertised capacity (an idle worker takes any chunk);
-otherwise it waits, first in first out, in a bounded queue.
+otherwise it waits, first in first out, in a bounded queue. A chunk held by one worker past its
+hold deadline is taken back (`take_overdue`) so the broker can give it to another.
 """
 
 from __future__ import annotations
@@ -11,18 +12,22 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from quiver.common.protocol import Chunk
+from quiver.common.protocol import Routed
 
 
 @dataclass
 class PendingChunk:
-    """A chunk the broker owns until its result or error goes back to the frontend that sent it."""
+    """A chunk the broker owns until its result or error goes back to the frontend that sent it.
+    `message` is the CHUNK as received (header checked, array frames unread)."""
 
-    message: Chunk
+    message: Routed
     frontend: bytes
     deadline: float
     attempt: int = 0
     worker: bytes | None = None
+    hold_until: float = float("inf")
+    # Workers that held the chunk before and lost it (timed out): their late answers are duplicates.
+    former_workers: set[bytes] = field(default_factory=set)
 
     @property
     def chunk_id(self) -> str:
@@ -30,11 +35,15 @@ class PendingChunk:
 
     @property
     def task(self) -> str:
-        return self.message.task
+        return str(self.message.header["task"])
 
     @property
     def num_tokens(self) -> int:
-        return self.message.num_tokens
+        return int(self.message.header["num_tokens"])
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.message.header["num_seqs"])
 
 
 @dataclass
@@ -43,11 +52,13 @@ class WorkerState:
     name: str
     device: str
     capacity_tokens: int
-    max_seqs: int
     tasks: frozenset[str]
     expiry: float
+    output_dim: int
+    output_dtype: str = "float32"
+    model: str = ""
+    fingerprint: str = ""
     outstanding_tokens: int = 0
-    served_chunks: int = 0
     draining: bool = False
     inflight: dict[str, PendingChunk] = field(default_factory=dict)
 
@@ -70,11 +81,13 @@ class Dispatcher:
         self.max_queued = max_queued
 
     # workers ---------------------------------------------------------------------------------
-    def add_worker(self, worker: WorkerState) -> list[PendingChunk]:
-        """Register a worker; if its identity was already known, return the chunks it held."""
-        orphans = self.remove_worker(worker.identity)
+    def add_worker(self, worker: WorkerState) -> None:
+        """Register a worker. A READY again from a registered identity is the same process (say, after
+        duplicate RECONNECTs): it keeps the chunks it holds."""
+        known = self.workers.get(worker.identity)
+        if known is not None:
+            worker.inflight, worker.outstanding_tokens = known.inflight, known.outstanding_tokens
         self.workers[worker.identity] = worker
-        return orphans
 
     def remove_worker(self, identity: bytes) -> list[PendingChunk]:
         """Forget a worker and return the chunks it held, unassigned, for the caller to requeue."""
@@ -90,22 +103,23 @@ class Dispatcher:
     def expired_workers(self, now: float) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.expiry < now]
 
-    def supports(self, task: str) -> bool:
-        return any(task in w.tasks for w in self.workers.values())
-
     # chunks ----------------------------------------------------------------------------------
     def pick_worker(self, chunk: PendingChunk) -> WorkerState | None:
+        """The fitting worker with the fewest outstanding tokens, one that lost this chunk before last."""
         candidates = [w for w in self.workers.values() if w.fits(chunk)]
-        return min(candidates, key=lambda w: w.outstanding_tokens, default=None)
+        return min(candidates, key=lambda w: (w.identity in chunk.former_workers, w.outstanding_tokens),
+                   default=None)
 
-    def assign(self, chunk: PendingChunk, worker: WorkerState) -> None:
+    def assign(self, chunk: PendingChunk, worker: WorkerState, hold_until: float = float("inf")) -> None:
         chunk.worker = worker.identity
+        chunk.hold_until = hold_until
         worker.inflight[chunk.chunk_id] = chunk
         worker.outstanding_tokens += chunk.num_tokens
         self.inflight[chunk.chunk_id] = chunk
 
     def enqueue(self, chunk: PendingChunk, front: bool = False) -> None:
-        """Hold a chunk until a worker has room; a requeued chunk goes to the front."""
+        """Hold a chunk until a worker has room; a requeued chunk goes to the front (past the bound:
+        it was admitted once already)."""
         if not front and len(self.queue) >= self.max_queued:
             raise QueueFull
         if front:
@@ -119,30 +133,44 @@ class Dispatcher:
         self.queued_ids.discard(chunk.chunk_id)
         return chunk
 
+    def find(self, chunk_id: str) -> PendingChunk | None:
+        """The chunk if it is in flight or queued, else None."""
+        if chunk_id in self.queued_ids:
+            return next(c for c in self.queue if c.chunk_id == chunk_id)
+        return self.inflight.get(chunk_id)
+
     def knows(self, chunk_id: str) -> bool:
         """Whether the chunk is queued or in flight (so a second copy of it is a duplicate)."""
         return chunk_id in self.inflight or chunk_id in self.queued_ids
 
-    def complete(self, chunk_id: str, served: bool = True) -> PendingChunk | None:
-        """The chunk's outcome arrived: release it. None when it is unknown (a duplicate)."""
-        chunk = self.inflight.pop(chunk_id, None)
-        if chunk is None:
-            return None
+    def _unassign(self, chunk: PendingChunk) -> None:
         worker = self.workers.get(chunk.worker) if chunk.worker is not None else None
-        if worker is not None and worker.inflight.pop(chunk_id, None) is not None:
+        if worker is not None and worker.inflight.pop(chunk.chunk_id, None) is not None:
             worker.outstanding_tokens -= chunk.num_tokens
-            worker.served_chunks += int(served)
+        chunk.worker = None
+
+    def complete(self, chunk_id: str) -> PendingChunk | None:
+        """The chunk's outcome arrived: release it. None when it is not in flight (a duplicate)."""
+        chunk = self.inflight.pop(chunk_id, None)
+        if chunk is not None:
+            self._unassign(chunk)
         return chunk
 
     def cancel(self, chunk_id: str) -> PendingChunk | None:
-        """Drop a chunk: from the queue (returns it, worker None) or from a worker (returns it)."""
+        """Drop a chunk: from the queue (returns it, worker None) or from a worker (returns it with
+        `worker` still naming who holds it, for the caller to tell)."""
         if chunk_id in self.queued_ids:
-            for chunk in self.queue:
-                if chunk.chunk_id == chunk_id:
-                    self.queue.remove(chunk)
-                    self.queued_ids.discard(chunk_id)
-                    return chunk
-        return self.complete(chunk_id, served=False)
+            queued = next(c for c in self.queue if c.chunk_id == chunk_id)
+            self.queue.remove(queued)
+            self.queued_ids.discard(chunk_id)
+            return queued
+        chunk = self.inflight.get(chunk_id)
+        if chunk is None:
+            return None
+        holder = chunk.worker
+        self.complete(chunk_id)
+        chunk.worker = holder
+        return chunk
 
     def take_expired_queued(self, now: float) -> list[PendingChunk]:
         expired = [c for c in self.queue if c.deadline < now]
@@ -150,3 +178,14 @@ class Dispatcher:
             self.queue.remove(chunk)
             self.queued_ids.discard(chunk.chunk_id)
         return expired
+
+    def take_overdue(self, now: float) -> list[tuple[PendingChunk, WorkerState]]:
+        """Chunks a live worker has held past their hold deadline, taken back from it (unassigned and
+        out of flight, the worker remembered in `former_workers`), with the worker that held each."""
+        overdue = [(c, self.workers[c.worker]) for c in self.inflight.values()
+                   if c.hold_until < now and c.worker in self.workers]
+        for chunk, worker in overdue:
+            self.inflight.pop(chunk.chunk_id)
+            self._unassign(chunk)
+            chunk.former_workers.add(worker.identity)
+        return overdue

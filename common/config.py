@@ -58,7 +58,17 @@ class BrokerSettings(HeartbeatSettings, LoggingSettings):
     metrics_port: int = option(0, "port of the broker's Prometheus /metrics (0: none)")
     metrics_host: str = option("127.0.0.1", "address the broker's /metrics binds")
     curve_secret_key: str = option("", "CurveZMQ: the broker's .key_secret file (encrypts both endpoints)")
-    curve_authorized_dir: str = option("", "CurveZMQ: directory of the public .key files of admitted peers")
+    curve_frontend_keys_dir: str = option("", "CurveZMQ: directory of the public .key files of admitted frontends")
+    curve_worker_keys_dir: str = option("", "CurveZMQ: directory of the public .key files of admitted workers")
+    curve_authorized_dir: str = option("", "CurveZMQ: one directory of keys admitted in either role (prefer the "
+                                           "per-role directories: with this, a frontend key can register as a worker)")
+    cluster_secret_file: str = option("", "file holding the secret every worker's READY must carry (or set "
+                                          "QUIVER_CLUSTER_SECRET; without either any local process may register)")
+    chunk_hold_s: float = option(30.0, "a worker holding a chunk longer than this plus the time its tokens and "
+                                       "those queued before them take at chunk_hold_tokens_per_s loses it to "
+                                       "another worker")
+    chunk_hold_tokens_per_s: float = option(200.0, "slowest rate a live worker is expected to run tokens at "
+                                                   "(the default allows a CPU worker on a busy host)")
     allow_insecure: bool = option(False, "allow binding a non-loopback endpoint without CurveZMQ")
     busy_poll_us: int = option(0, "after a message, poll without sleeping for this long (lower latency, more CPU)")
 
@@ -77,6 +87,7 @@ class WorkerSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     cuda_graphs: bool = option(True, "capture CUDA graphs per batch shape")
     watchdog_s: float = option(30.0, "a forward pass stuck this long makes the worker leave and exit (0: never)")
     busy_poll_us: int = option(0, "after a message, poll without sleeping for this long (lower latency, more CPU)")
+    cluster_secret_file: str = option("", "file holding the broker's cluster secret (or set QUIVER_CLUSTER_SECRET)")
     metrics_port: int = option(0, "port of the worker's Prometheus /metrics (0: none)")
     metrics_host: str = option("127.0.0.1", "address the worker's /metrics binds")
 

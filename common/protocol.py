@@ -8,7 +8,9 @@ travel as raw little-endian bytes (token ids int32, results float32). Nothing is
     frontend ◀─RESULT/ERROR── broker ◀─RESULT/ERROR── worker
     worker ──READY──▶ broker; HEARTBEAT both ways on every link; broker ──RECONNECT──▶ unknown worker
 
-ROUTER sockets prepend the peer identity frame; `split_identity` strips it before decoding.
+ROUTER sockets prepend the peer identity frame; `split_identity` strips it before decoding. The
+endpoints use `decode`, which builds numpy arrays over the received frames; the broker uses `peek`,
+which checks the type byte, the header and the frames' byte lengths and leaves array frames unread.
 """
 
 from __future__ import annotations
@@ -22,13 +24,20 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_ARRAY_BYTES = 256 * 1024 * 1024
 MAX_SEQS_PER_CHUNK = 65_536
 MAX_ID_CHARS = 128
+MAX_SECRET_CHARS = 256
+MAX_RESULT_DIM = 1 << 20
 MAX_TEXT_CHARS = 4096
+# The largest frame any message carries: every socket refuses (disconnects) a peer sending more.
+MAX_FRAME_BYTES = max(MAX_ARRAY_BYTES, MAX_HEADER_BYTES)
+
+# Dtypes a RESULT's values may travel in, by the name READY and RESULT give them.
+RESULT_DTYPES: dict[str, np.dtype] = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
 
 assert sys.byteorder == "little", "raw array frames are little-endian"
 
@@ -124,7 +133,9 @@ class Message:
 
 @dataclass
 class Ready(Message):
-    """A worker offers itself: its protocol version, identity and how much work it takes at once."""
+    """A worker offers itself: its protocol version, identity, how much work it takes at once, the
+    shape of its results (output_dim values of output_dtype per sequence), the fingerprint of its
+    model (common.model_info.model_fingerprint) and the cluster secret the broker may require."""
 
     TYPE: ClassVar[MsgType] = MsgType.READY
     version: int
@@ -132,7 +143,10 @@ class Ready(Message):
     model: str
     device: str
     capacity_tokens: int
-    max_seqs: int
+    output_dim: int
+    output_dtype: str = "float32"
+    fingerprint: str = ""
+    secret: str = field(default="", repr=False)
     tasks: list[str] = field(default_factory=lambda: [TASK_EMBED])
     pid: int = 0
 
@@ -143,7 +157,11 @@ class Ready(Message):
         _check_str("model", h.get("model"), 512)
         _check_str("device", h.get("device"))
         _check_int("capacity_tokens", h.get("capacity_tokens"), 1)
-        _check_int("max_seqs", h.get("max_seqs"), 1)
+        _check_int("output_dim", h.get("output_dim"), 1, MAX_RESULT_DIM)
+        if h.get("output_dtype", "float32") not in RESULT_DTYPES:
+            raise ProtocolError(f"field 'output_dtype' must be one of {sorted(RESULT_DTYPES)}")
+        _check_str("fingerprint", h.get("fingerprint", ""))
+        _check_str("secret", h.get("secret", ""), MAX_SECRET_CHARS)
         _check_int("pid", h.get("pid", 0))
         tasks = h.get("tasks", [TASK_EMBED])
         if not isinstance(tasks, list) or not all(t in TASKS for t in tasks):
@@ -152,19 +170,25 @@ class Ready(Message):
 
 @dataclass
 class Heartbeat(Message):
-    """I am alive. From the broker to a frontend it also says how many workers are live; from a
-    worker, `draining` says it finishes what it holds and wants no new chunks."""
+    """I am alive. From the broker it carries `broker_id`, random per broker start, so a peer sees a
+    restart however short, and to a frontend how many workers are live; from a frontend,
+    `fingerprint` and `model` name the model it expects; from a worker, `draining` says it finishes what it
+    holds and wants no new chunks."""
 
     TYPE: ClassVar[MsgType] = MsgType.HEARTBEAT
     live_workers: int = 0
-    queued_chunks: int = 0
     draining: bool = False
+    broker_id: str = ""
+    fingerprint: str = ""
+    model: str = ""
 
     @classmethod
     def check(cls, h: dict[str, Any]) -> None:
         _check_int("live_workers", h.get("live_workers", 0))
-        _check_int("queued_chunks", h.get("queued_chunks", 0))
         _check_bool("draining", h.get("draining", False))
+        _check_str("broker_id", h.get("broker_id", ""))
+        _check_str("fingerprint", h.get("fingerprint", ""))
+        _check_str("model", h.get("model", ""), 512)
 
 
 @dataclass
@@ -257,12 +281,14 @@ class Chunk(Message):
 
 @dataclass
 class Result(Message):
-    """The outputs of one chunk: float32 [num_seqs, dim], row i for sequence i, plus stage timings."""
+    """The outputs of one chunk: [num_seqs, dim] of dtype (float32 unless said), row i for sequence i,
+    plus stage timings."""
 
     TYPE: ClassVar[MsgType] = MsgType.RESULT
     chunk_id: str
     num_seqs: int
     dim: int
+    dtype: str = "float32"
     queue_s: float = 0.0
     inference_s: float = 0.0
     worker: str = ""
@@ -272,13 +298,19 @@ class Result(Message):
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "values"}
 
     def arrays(self) -> list[bytes | memoryview]:
-        return [_as_frame(self.values, np.float32)]
+        return [_as_frame(self.values, RESULT_DTYPES[self.dtype])]
+
+    @property
+    def frame_bytes(self) -> int:
+        return result_frame_bytes(self.header())
 
     @classmethod
     def check(cls, h: dict[str, Any]) -> None:
         _check_str("chunk_id", h.get("chunk_id"))
         _check_int("num_seqs", h.get("num_seqs"), 1, MAX_SEQS_PER_CHUNK)
-        _check_int("dim", h.get("dim"), 1, 1 << 20)
+        _check_int("dim", h.get("dim"), 1, MAX_RESULT_DIM)
+        if h.get("dtype", "float32") not in RESULT_DTYPES:
+            raise ProtocolError(f"field 'dtype' must be one of {sorted(RESULT_DTYPES)}")
         _check_float("queue_s", h.get("queue_s", 0.0))
         _check_float("inference_s", h.get("inference_s", 0.0))
         _check_str("worker", h.get("worker", ""))
@@ -288,8 +320,14 @@ class Result(Message):
         if len(arrays) != 1:
             raise ProtocolError(f"RESULT needs 1 array frame, got {len(arrays)}")
         count = header["num_seqs"] * header["dim"]
-        values = _array_frame("values", arrays[0], np.float32, count).reshape(header["num_seqs"], header["dim"])
+        dtype = RESULT_DTYPES[header.get("dtype", "float32")]
+        values = _array_frame("values", arrays[0], dtype, count).reshape(header["num_seqs"], header["dim"])
         return cls(**header, values=values)
+
+
+def result_frame_bytes(header: dict[str, Any]) -> int:
+    """Byte length of the values frame a RESULT header implies: num_seqs × dim × the dtype's size."""
+    return int(header["num_seqs"]) * int(header["dim"]) * RESULT_DTYPES[header.get("dtype", "float32")].itemsize
 
 
 @dataclass
@@ -316,7 +354,7 @@ MESSAGE_CLASSES: dict[MsgType, type[Message]] = {
 }
 
 
-def _as_frame(array: np.ndarray | None, dtype: type) -> memoryview:
+def _as_frame(array: np.ndarray | None, dtype: Any) -> memoryview:
     if array is None:
         raise ProtocolError("a required array is missing")
     array = np.ascontiguousarray(array, dtype=dtype)
@@ -325,11 +363,13 @@ def _as_frame(array: np.ndarray | None, dtype: type) -> memoryview:
     return array.data.cast("B")
 
 
-def decode(frames: list[bytes | memoryview | Any]) -> Message:
-    """Turn received frames (identity already stripped) into a checked message, or raise ProtocolError."""
+def _decode_header(frames: list[Any]) -> tuple[type[Message], dict[str, Any], list[bytes | memoryview]]:
+    """Check the type byte and the header; return the message class, the header and the array frames
+    (memoryviews over the received buffers, not read)."""
     if len(frames) < 2:
         raise ProtocolError(f"a message needs a type frame and a header frame, got {len(frames)} frames")
-    type_frame, header_frame, *arrays = (memoryview(getattr(f, "buffer", f)) for f in frames)
+    type_frame, header_frame, *views = (memoryview(getattr(f, "buffer", f)) for f in frames)
+    arrays: list[bytes | memoryview] = list(views)
     if type_frame.nbytes != 1:
         raise ProtocolError("the type frame must be one byte")
     try:
@@ -356,7 +396,52 @@ def decode(frames: list[bytes | memoryview | Any]) -> Message:
     for array_field in getattr(cls, "ARRAY_FIELDS", ()) + (("values",) if cls is Result else ()):
         if array_field in header:
             raise ProtocolError(f"{array_field!r} travels as a frame, not in the header")
+    return cls, header, arrays
+
+
+def decode(frames: list[bytes | memoryview | Any]) -> Message:
+    """Turn received frames (identity already stripped) into a checked message, or raise ProtocolError.
+    Array fields are numpy views over the received frames (no copy)."""
+    cls, header, arrays = _decode_header(frames)
     return cls.from_parts(header, arrays)
+
+
+@dataclass
+class Routed:
+    """A CHUNK or RESULT as the broker handles it: the checked header and the frames as received
+    (type, header, arrays), whose array frames are forwarded unread."""
+
+    type: MsgType
+    header: dict[str, Any]
+    frames: list[Any]
+
+    @property
+    def chunk_id(self) -> str:
+        return str(self.header["chunk_id"])
+
+    def with_header(self, **changes: Any) -> list[Any]:
+        """The frames to forward with some header fields changed: only the small header is packed again;
+        the array frames are the received ones (ZeroMQ sends them without copying)."""
+        header = msgpack.packb({**self.header, **changes}, use_bin_type=True)
+        return [self.frames[0], header, *self.frames[2:]]
+
+
+def peek(frames: list[Any]) -> Message | Routed:
+    """What the broker reads of a message: CHUNK and RESULT come back as Routed, their headers checked
+    and their array frames checked for byte length only; every other type (no arrays) decoded whole."""
+    cls, header, arrays = _decode_header(frames)
+    if cls is Chunk:
+        expected = [4 * header["num_tokens"], 4 * header["num_seqs"]]
+        if header.get("has_token_types"):
+            expected.append(4 * header["num_tokens"])
+    elif cls is Result:
+        expected = [result_frame_bytes(header)]
+    else:
+        return cls.from_parts(header, arrays)
+    sizes = [memoryview(a).nbytes for a in arrays]
+    if sizes != expected:
+        raise ProtocolError(f"{cls.TYPE.name} array frames hold {sizes} bytes, its header implies {expected}")
+    return Routed(cls.TYPE, header, list(frames))
 
 
 def split_identity(frames: list[Any]) -> tuple[bytes, list[Any]]:

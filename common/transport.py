@@ -6,22 +6,23 @@ from typing import Any
 
 import zmq
 
-from quiver.common.protocol import Message, decode, split_identity
+from quiver.common.protocol import MAX_FRAME_BYTES, Message, Routed, decode, peek, split_identity
 
 HIGH_WATER_MARK = 100_000
 
 
 def make_socket(ctx: zmq.Context, kind: int, identity: bytes | None = None) -> zmq.Socket:
-    """A socket that never blocks close (LINGER 0) and queues generously before dropping."""
+    """A socket that never blocks close (LINGER 0), queues generously before dropping, and disconnects
+    a peer that sends a frame larger than any message of the protocol carries (so it is never
+    buffered whole). A ROUTER keeps ROUTER_HANDOVER off: a second peer presenting an identity already
+    connected is refused instead of taking that identity's route."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, HIGH_WATER_MARK)
     sock.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
     if identity is not None:
         sock.setsockopt(zmq.ROUTING_ID, identity)
-    if kind == zmq.ROUTER:
-        # A peer that reconnects under the same identity takes over its old connection.
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     if kind in (zmq.DEALER, zmq.ROUTER):
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
@@ -40,11 +41,11 @@ def send_frames(sock: zmq.Socket, frames: list[Any], identity: bytes | None = No
     sock.send_multipart([identity, *frames] if identity is not None else frames, copy=False)
 
 
-def recv_routed(sock: zmq.Socket, flags: int = zmq.NOBLOCK) -> tuple[bytes, Message]:
-    """Receive on a ROUTER: (peer identity, decoded message). Raises ProtocolError on bad input,
-    zmq.Again when nothing is waiting."""
+def recv_peeked(sock: zmq.Socket, flags: int = zmq.NOBLOCK) -> tuple[bytes, Message | Routed]:
+    """Receive on the broker's ROUTERs: (peer identity, message), CHUNK and RESULT left undecoded
+    (see protocol.peek). Raises ProtocolError on bad input, zmq.Again when nothing is waiting."""
     identity, frames = split_identity(sock.recv_multipart(flags, copy=False))
-    return identity, decode(frames)
+    return identity, peek(frames)
 
 
 def recv(sock: zmq.Socket, flags: int = zmq.NOBLOCK) -> Message:

@@ -20,6 +20,7 @@ from starlette.routing import Route
 from quiver.common.config import FrontendSettings
 from quiver.common.model_info import default_model_dir, load_model_info
 from quiver.common.security import client_from
+from quiver.common.fingerprint import model_fingerprint
 from quiver.frontend.broker_client import BrokerClient
 from quiver.frontend.errors import APIError, render
 from quiver.frontend.http import endpoint, json_response
@@ -44,7 +45,8 @@ def metrics_registry() -> CollectorRegistry:
 def create_app(settings: FrontendSettings) -> Starlette:
     info = load_model_info(settings.model or default_model_dir(), name=settings.served_model_name or None)
     client = BrokerClient(settings.broker, settings.heartbeat_interval_s, settings.liveness,
-                          curve=client_from(settings.curve_secret_key, settings.curve_broker_key))
+                          curve=client_from(settings.curve_secret_key, settings.curve_broker_key),
+                          fingerprint=model_fingerprint(info.path), model=info.name)
     service = Service(settings, info, client)
     key = settings.api_key
 

@@ -2,18 +2,21 @@
 
 `submit` sends a chunk and awaits its RESULT or ERROR. A receive task resolves the waiting futures;
 a heartbeat task pings the broker each interval, and the broker's replies say how many workers are
-live, which is what /health reports. When the broker comes back after a silence longer than the
-liveness window (a restart), every chunk still waiting is sent again: chunks are idempotent and the
-broker drops duplicates by chunk id.
+live, which is what /health reports. Every chunk still waiting is sent again (chunks are idempotent
+and the broker drops duplicates by chunk id) when the broker's replies carry a new instance id (it
+restarted, however quickly) or when it answers again after a silence longer than the liveness
+window. After such a silence the socket itself is rebuilt, under a new random identity.
+
+Chunk ids and the socket's identity are random (128 bits): another peer of the broker can neither
+guess a chunk id to cancel it nor connect under this frontend's identity to take its results.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
+import secrets
 import time
-import uuid
 from dataclasses import dataclass
 
 import zmq
@@ -43,20 +46,25 @@ class _Waiting:
 
 class BrokerClient:
     def __init__(self, endpoint: str, heartbeat_interval_s: float, liveness: int,
-                 curve: CurveClient | None = None) -> None:
+                 curve: CurveClient | None = None, fingerprint: str = "", model: str = "") -> None:
         self.endpoint = endpoint
         self.curve = curve
+        # Named in every heartbeat: the broker serves this frontend only from workers of this model.
+        self.fingerprint = fingerprint
+        self.model = model
         self.interval = heartbeat_interval_s
         self.window = heartbeat_interval_s * liveness
-        self.client_id = uuid.uuid4().hex[:12]
-        self._counter = itertools.count()
         self.waiting: dict[str, _Waiting] = {}
         self.live_workers = 0
-        self.queued_chunks = 0
         self.last_heard = float("-inf")
+        self.broker_id = ""
+        self.rebuilds = 0
         self.ctx: zmq.asyncio.Context | None = None
         self.sock: zmq.asyncio.Socket | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._heard = asyncio.Event()
+        self._receiver: asyncio.Task | None = None
+        self._heartbeats: asyncio.Task | None = None
+        self._socket_since = 0.0
 
     @property
     def broker_alive(self) -> bool:
@@ -66,30 +74,54 @@ class BrokerClient:
     def healthy(self) -> bool:
         return self.broker_alive and self.live_workers > 0
 
-    def new_chunk_id(self) -> str:
-        return f"{self.client_id}:{next(self._counter)}"
+    @staticmethod
+    def new_chunk_id() -> str:
+        return secrets.token_hex(16)
 
     async def start(self) -> None:
         self.ctx = zmq.asyncio.Context()
-        self.sock = make_socket(self.ctx, zmq.DEALER, identity=f"frontend-{self.client_id}".encode())
+        self._open_socket()
+        self._heartbeats = asyncio.create_task(self._heartbeat_loop())
+
+    def _open_socket(self) -> None:
+        """A DEALER under a fresh random identity, connected, greeted, with its own receive task."""
+        assert self.ctx is not None
+        # 128 random bits as hex: no leading zero byte, which ZeroMQ reserves.
+        self.sock = make_socket(self.ctx, zmq.DEALER, identity=secrets.token_hex(16).encode())
         if self.curve is not None:
             self.curve.apply(self.sock)
         self.sock.connect(self.endpoint)
-        send(self.sock, Heartbeat())
-        self._tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._heartbeat_loop())]
+        self._socket_since = time.monotonic()
+        send(self.sock, Heartbeat(fingerprint=self.fingerprint, model=self.model))
+        self._receiver = asyncio.create_task(self._receive_loop(self.sock))
+
+    async def _rebuild_socket(self) -> None:
+        """The broker has been silent for the liveness window: perhaps another peer took our route, or the
+        connection is wedged. Start over under a new identity and send again what we wait for."""
+        log.warning("broker silent for %.1f s; rebuilding the socket", time.monotonic() - self.last_heard)
+        if self._receiver is not None:
+            self._receiver.cancel()
+            await asyncio.gather(self._receiver, return_exceptions=True)
+        if self.sock is not None:
+            self.sock.close()
+        self.rebuilds += 1
+        self._open_socket()
+        self._resend_waiting()
 
     async def wait_for_broker(self, timeout_s: float) -> bool:
         """Wait until the broker has answered once (its reply says how many workers are live), or the
         timeout passes; a frontend that served before that would answer 503 to its first requests."""
-        end = time.monotonic() + timeout_s
-        while not self.broker_alive and time.monotonic() < end:
-            await asyncio.sleep(0.005)
+        try:
+            await asyncio.wait_for(self._heard.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
         return self.broker_alive
 
     async def close(self) -> None:
-        for task in self._tasks:
+        tasks = [t for t in (self._heartbeats, self._receiver) if t is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.sock is not None:
             send(self.sock, Disconnect(reason="frontend stopping"))
             self.sock.close()
@@ -113,10 +145,9 @@ class BrokerClient:
         if self.waiting.pop(chunk_id, None) is not None and self.sock is not None:
             send(self.sock, Cancel(chunk_id=chunk_id))
 
-    async def _receive_loop(self) -> None:
-        assert self.sock is not None
+    async def _receive_loop(self, sock: zmq.asyncio.Socket) -> None:
         while True:
-            frames = await self.sock.recv_multipart(copy=False)
+            frames = await sock.recv_multipart(copy=False)
             try:
                 message = decode(frames)
             except ProtocolError as exc:
@@ -128,10 +159,16 @@ class BrokerClient:
     def _on_message(self, message: object) -> None:
         was_alive = self.broker_alive
         self.last_heard = time.monotonic()
+        self._heard.set()
+        restarted = False
         if isinstance(message, Heartbeat):
             self.live_workers = message.live_workers
-            self.queued_chunks = message.queued_chunks
             metrics.LIVE_WORKERS.set(message.live_workers)
+            if message.broker_id != self.broker_id:
+                restarted = bool(self.broker_id)
+                if restarted:
+                    log.warning("the broker restarted (instance %s, was %s)", message.broker_id, self.broker_id)
+                self.broker_id = message.broker_id
         elif isinstance(message, (Result, Error)):
             waiting = self.waiting.get(message.chunk_id)
             if waiting is not None and not waiting.future.done():
@@ -139,25 +176,28 @@ class BrokerClient:
                     waiting.future.set_result(message)
                 else:
                     waiting.future.set_exception(ChunkFailed(message.code, message.message))
-        if not was_alive:
+        if restarted or not was_alive:
             self._resend_waiting()
 
     def _resend_waiting(self) -> None:
-        """The broker is back after a silence: it may have lost what it held, so send it all again."""
+        """The broker may have lost what it held: send it all again."""
         if not self.waiting or self.sock is None:
             return
         now = time.monotonic()
-        log.warning("broker back after a silence; sending %d waiting chunks again", len(self.waiting))
+        log.warning("sending %d waiting chunks to the broker again", len(self.waiting))
         for waiting in self.waiting.values():
             waiting.chunk.timeout_s = max(0.0, waiting.deadline - now)
             send(self.sock, waiting.chunk)
             metrics.CHUNKS_RESENT.inc()
 
     async def _heartbeat_loop(self) -> None:
-        assert self.sock is not None
         while True:
             await asyncio.sleep(self.interval)
-            send(self.sock, Heartbeat())
+            now = time.monotonic()
+            if not self.broker_alive and now - max(self.last_heard, self._socket_since) > self.window:
+                await self._rebuild_socket()
+            assert self.sock is not None
+            send(self.sock, Heartbeat(fingerprint=self.fingerprint, model=self.model))
             if not self.broker_alive:
                 self.live_workers = 0
                 metrics.LIVE_WORKERS.set(0)

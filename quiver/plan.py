@@ -24,6 +24,7 @@ from quiver.common.config import (
     secret_environment, secret_names, to_argv,
 )
 from quiver.common.model_info import EXIT_MODEL_ERROR
+from quiver.common.security import CLUSTER_SECRET_ENV, new_cluster_secret
 
 log = logging.getLogger("quiver.serve")
 
@@ -143,6 +144,8 @@ def plan_children(settings: ServeSettings, model_dir: Path, runtime_dir: Path, g
                 if k not in secret_names(BrokerSettings, WorkerSettings, FrontendSettings)}
     base_env.pop("WATCHDOG_USEC", None)  # systemd's watchdog, if any, watches serve, not its children
     base_env.pop("WATCHDOG_PID", None)
+    # Only this run's workers can register with this run's broker: they share a secret no other process has.
+    base_env[CLUSTER_SECRET_ENV] = os.environ.get(CLUSTER_SECRET_ENV) or new_cluster_secret()
 
     children = [_child("broker", "broker", BrokerSettings, _role_values(s, BrokerSettings, {
         "frontend_endpoint": frontend_endpoint, "worker_endpoint": worker_endpoint, "busy_poll_us": busy_poll_us,

@@ -17,9 +17,11 @@ import zmq
 
 from quiver.common import sdnotify
 from quiver.common.config import WorkerSettings
+from quiver.common.fingerprint import model_fingerprint
 from quiver.common.metrics import serve_metrics
 from quiver.common.model_info import EXIT_MODEL_ERROR, default_model_dir, tasks_for_kind
 from quiver.common.protocol import PROTOCOL_VERSION, Ready
+from quiver.common.security import SecurityError, cluster_secret
 from quiver.common.transport import make_socket, send
 from quiver.worker import metrics
 from quiver.worker.faults import with_injected_faults
@@ -46,6 +48,11 @@ def run_worker(settings: WorkerSettings) -> int:
     model_dir = settings.model or str(default_model_dir())
     name = settings.name or settings.device
     try:
+        secret = cluster_secret(settings.cluster_secret_file)
+    except SecurityError as exc:
+        log.error("worker %s: %s", name, exc)
+        return EXIT_MODEL_ERROR  # a configuration error: restarting will not help
+    try:
         engine = load_engine(
             model_dir, device=settings.device, dtype=settings.dtype or None,
             max_batch_tokens=settings.max_batch_tokens or None, max_batch_seqs=settings.max_batch_seqs or None,
@@ -65,7 +72,8 @@ def run_worker(settings: WorkerSettings) -> int:
 
     ready = Ready(
         version=PROTOCOL_VERSION, name=name, model=info.model.name, device=info.device,
-        capacity_tokens=2 * info.max_batch_tokens, max_seqs=4 * info.max_batch_seqs,
+        capacity_tokens=2 * info.max_batch_tokens, output_dim=info.output_dim, secret=secret,
+        fingerprint=model_fingerprint(model_dir),
         tasks=tasks_for_kind(info.model.kind), pid=os.getpid(),
     )
     ctx = zmq.Context()

@@ -38,9 +38,9 @@ class Peer:
                 return message
         return None
 
-    def register(self, name: str, capacity: int = 1000) -> None:
+    def register(self, name: str, capacity: int = 1000, output_dim: int = 2, secret: str = "") -> None:
         self.send(Ready(version=PROTOCOL_VERSION, name=name, model="m", device="cpu", capacity_tokens=capacity,
-                        max_seqs=64, tasks=["embed"], pid=1))
+                        output_dim=output_dim, secret=secret, tasks=["embed"], pid=1))
 
 
 def chunk(chunk_id: str, tokens: int = 10) -> Chunk:
@@ -168,7 +168,7 @@ def test_version_mismatch_is_refused_and_unknown_worker_told_to_reconnect(broker
     cluster, ctx = broker
     old = Peer(ctx, cluster.worker_endpoint, b"old")
     old.send(Ready(version=PROTOCOL_VERSION + 1, name="old", model="m", device="cpu", capacity_tokens=10,
-                   max_seqs=1, pid=1))
+                   output_dim=2, pid=1))
     refusal = old.recv()
     assert isinstance(refusal, Disconnect) and "protocol version" in refusal.reason
     stranger = Peer(ctx, cluster.worker_endpoint, b"stranger")

@@ -15,19 +15,20 @@ from tests.cluster import Cluster
 
 
 def test_worker_with_the_right_key_serves_and_one_with_a_wrong_key_is_refused(tmp_path):
-    keys, authorized, strangers = tmp_path / "keys", tmp_path / "authorized", tmp_path / "strangers"
-    authorized.mkdir()
+    keys, strangers = tmp_path / "keys", tmp_path / "strangers"
     broker_public, broker_secret = make_keys(keys, "broker")
     for name in ("frontend", "worker"):
         public, _ = make_keys(keys, name)
-        shutil.copy(public, authorized / public.name)
+        (tmp_path / name).mkdir()
+        shutil.copy(public, tmp_path / name / public.name)
     make_keys(strangers, "intruder")  # a valid key pair the broker was never told about
 
     def client(name: str, directory=keys) -> list[str]:
         return ["--curve-secret-key", str(directory / f"{name}.key_secret"), "--curve-broker-key", str(broker_public)]
 
     cluster = Cluster(workers=0, broker_args=["--curve-secret-key", str(broker_secret),
-                                              "--curve-authorized-dir", str(authorized)],
+                                              "--curve-frontend-keys-dir", str(tmp_path / "frontend"),
+                                              "--curve-worker-keys-dir", str(tmp_path / "worker")],
                       frontend_args=client("frontend"))
     with cluster:
         intruder = cluster.start_worker(extra=client("intruder", strangers))

@@ -28,9 +28,9 @@ def make_chunk(**overrides) -> Chunk:
 
 def test_every_message_roundtrips():
     messages = [
-        Ready(version=PROTOCOL_VERSION, name="cuda:0", model="m", device="cuda:0", capacity_tokens=8192,
-              max_seqs=512, tasks=["embed"], pid=42),
-        Heartbeat(live_workers=2, queued_chunks=1, draining=True),
+        Ready(version=PROTOCOL_VERSION, name="cuda:0", model="m", device="cuda:0", capacity_tokens=8192, output_dim=1024,
+              fingerprint="abc", secret="s", tasks=["embed"], pid=42),
+        Heartbeat(live_workers=2, draining=True, broker_id="b1", fingerprint="f"),
         Disconnect(reason="bye"),
         Reconnect(),
         Cancel(chunk_id="f:9"),

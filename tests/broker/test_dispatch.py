@@ -1,0 +1,139 @@
+"""broker/dispatch.py on its own, no sockets: the choice of worker, capacity, the bounded queue,
+requeue to the front, cancel, expiry, hold deadlines and duplicate detection."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from quiver.broker.dispatch import Dispatcher, PendingChunk, QueueFull, WorkerState
+from quiver.common.protocol import Chunk, Routed, peek
+
+
+def pending(chunk_id: str, tokens: int = 10, task: str = "embed", deadline: float = 100.0,
+            frontend: bytes = b"f") -> PendingChunk:
+    message = Chunk(chunk_id=chunk_id, task=task, num_seqs=1, num_tokens=tokens, normalize=True, timeout_s=5.0,
+                    input_ids=np.zeros(tokens, dtype=np.int32), seq_lens=np.array([tokens], dtype=np.int32))
+    routed = peek([bytes(f) for f in message.encode()])
+    assert isinstance(routed, Routed)
+    return PendingChunk(message=routed, frontend=frontend, deadline=deadline)
+
+
+def worker(name: str, capacity: int = 100, tasks: tuple[str, ...] = ("embed",)) -> WorkerState:
+    return WorkerState(identity=name.encode(), name=name, device="cpu", capacity_tokens=capacity,
+                       tasks=frozenset(tasks), expiry=10.0, output_dim=4)
+
+
+def with_workers(*workers: WorkerState, max_queued: int = 3) -> Dispatcher:
+    dispatcher = Dispatcher(max_queued)
+    for w in workers:
+        dispatcher.add_worker(w)
+    return dispatcher
+
+
+def test_the_worker_with_fewest_outstanding_tokens_is_chosen():
+    a, b = worker("a"), worker("b")
+    dispatcher = with_workers(a, b)
+    dispatcher.assign(pending("1", tokens=50), a)
+    assert dispatcher.pick_worker(pending("2", tokens=10)) is b
+    dispatcher.assign(pending("3", tokens=60), b)
+    assert dispatcher.pick_worker(pending("4", tokens=10)) is a
+    assert (a.outstanding_tokens, b.outstanding_tokens) == (50, 60)
+
+
+def test_capacity_bounds_a_busy_worker_but_an_idle_one_takes_any_chunk():
+    a = worker("a", capacity=100)
+    dispatcher = with_workers(a)
+    assert dispatcher.pick_worker(pending("big", tokens=500)) is a  # idle: takes it whatever its size
+    dispatcher.assign(pending("1", tokens=80), a)
+    assert dispatcher.pick_worker(pending("2", tokens=20)) is a  # 80 + 20 fits
+    assert dispatcher.pick_worker(pending("3", tokens=21)) is None  # 80 + 21 does not
+
+
+def test_task_and_draining_exclude_a_worker():
+    scorer, embedder = worker("s", tasks=("score",)), worker("e")
+    dispatcher = with_workers(scorer, embedder)
+    assert dispatcher.pick_worker(pending("1", task="score")) is scorer
+    scorer.draining = True
+    assert dispatcher.pick_worker(pending("2", task="score")) is None
+
+
+def test_the_queue_is_bounded_fifo_and_requeues_go_to_the_front_past_the_bound():
+    dispatcher = with_workers(max_queued=2)
+    dispatcher.enqueue(pending("1"))
+    dispatcher.enqueue(pending("2"))
+    with pytest.raises(QueueFull):
+        dispatcher.enqueue(pending("3"))
+    dispatcher.enqueue(pending("again"), front=True)  # admitted once already: never refused
+    assert [dispatcher.pop_queued().chunk_id for _ in range(3)] == ["again", "1", "2"]
+    assert not dispatcher.queued_ids
+
+
+def test_duplicates_are_known_while_queued_or_in_flight_and_completion_happens_once():
+    a = worker("a")
+    dispatcher = with_workers(a)
+    chunk = pending("1", tokens=30)
+    dispatcher.enqueue(chunk)
+    assert dispatcher.knows("1") and dispatcher.find("1") is chunk
+    dispatcher.assign(dispatcher.pop_queued(), a)
+    assert dispatcher.knows("1") and a.outstanding_tokens == 30
+    assert dispatcher.complete("1") is chunk
+    assert dispatcher.complete("1") is None  # a second result is a duplicate
+    assert not dispatcher.knows("1") and a.outstanding_tokens == 0 and not a.inflight
+
+
+def test_cancel_removes_a_queued_chunk_or_releases_an_assigned_one_naming_its_worker():
+    a = worker("a")
+    dispatcher = with_workers(a)
+    dispatcher.enqueue(pending("queued"))
+    cancelled = dispatcher.cancel("queued")
+    assert cancelled is not None and cancelled.worker is None and not dispatcher.queue
+    dispatcher.assign(pending("running", tokens=40), a)
+    cancelled = dispatcher.cancel("running")
+    assert cancelled is not None and cancelled.worker == b"a"
+    assert a.outstanding_tokens == 0 and not dispatcher.knows("running")
+    assert dispatcher.cancel("unknown") is None
+
+
+def test_removing_a_worker_returns_its_chunks_unassigned():
+    a, b = worker("a"), worker("b")
+    dispatcher = with_workers(a, b)
+    dispatcher.assign(pending("1"), a)
+    dispatcher.assign(pending("2"), a)
+    orphans = dispatcher.remove_worker(b"a")
+    assert sorted(c.chunk_id for c in orphans) == ["1", "2"]
+    assert all(c.worker is None for c in orphans) and not dispatcher.inflight
+    assert list(dispatcher.workers) == [b"b"]
+
+
+def test_a_second_ready_from_the_same_identity_keeps_its_chunks():
+    a = worker("a")
+    dispatcher = with_workers(a)
+    dispatcher.assign(pending("1", tokens=25), a)
+    again = worker("a")
+    dispatcher.add_worker(again)
+    assert dispatcher.workers[b"a"] is again and "1" in again.inflight and again.outstanding_tokens == 25
+
+
+def test_expiry_of_queued_chunks_and_of_silent_workers():
+    a = worker("a")
+    dispatcher = with_workers(a)
+    dispatcher.enqueue(pending("soon", deadline=5.0))
+    dispatcher.enqueue(pending("later", deadline=50.0))
+    assert [c.chunk_id for c in dispatcher.take_expired_queued(now=10.0)] == ["soon"]
+    assert [c.chunk_id for c in dispatcher.queue] == ["later"] and dispatcher.queued_ids == {"later"}
+    assert dispatcher.expired_workers(now=5.0) == [] and dispatcher.expired_workers(now=11.0) == [a]
+
+
+def test_a_chunk_held_past_its_hold_deadline_is_taken_back_and_its_holder_remembered():
+    a, b = worker("a"), worker("b")
+    dispatcher = with_workers(a, b)
+    slow, quick = pending("slow", tokens=30), pending("quick", tokens=5)
+    dispatcher.assign(slow, a, hold_until=10.0)
+    dispatcher.assign(quick, b, hold_until=100.0)
+    assert dispatcher.take_overdue(now=5.0) == []
+    assert dispatcher.take_overdue(now=11.0) == [(slow, a)]
+    assert slow.worker is None and slow.former_workers == {b"a"} and a.outstanding_tokens == 0
+    assert not dispatcher.knows("slow") and dispatcher.knows("quick")
+    dispatcher.complete("quick")
+    assert dispatcher.pick_worker(slow) is b  # not back to the worker that sat on it
