@@ -1,13 +1,13 @@
 """The elementwise units, one by one, against the bytes they must move: plain PyTorch, torch.compile and
 the hand-written Triton kernels, at the pplx-embed-0.6B and BGE-M3 shapes.
 
-    python -m quiver.bench.engine.kernel_bench [--tokens 4096,16384] [--out FILE.json] [--engine DIR]
+    python -m quiver.bench.engine.kernel_bench [--tokens 4096,16384] [--engine DIR] [--out FILE.json]
 
 Each unit is timed with triton.testing.do_bench (median, L2 flushed before every run, random inputs),
 and reported in µs and achieved GB/s beside its bound: the fewest bytes it must move (each input read
 once, each output written once) over the device-to-device copy bandwidth measured in the same run.
-With --engine, also the engine's graph replay per step with each fused set, at 128 and 4096 tokens of
-one sequence, on random-weight checkpoints of both shapes written under DIR. Needs a CUDA device.
+With --engine, instead: the engine's graph replay per step with each fused set, at 128 and 4096 tokens
+of one sequence, on random-weight checkpoints of both shapes written under DIR. Needs a CUDA device.
 """
 
 from __future__ import annotations
@@ -130,10 +130,10 @@ def bench_engine(ckpt_dir: str) -> list[dict[str, Any]]:
     rows = []
     for name in sorted(BENCH_MODELS):
         path = ensure_bench_checkpoint(name, Path(ckpt_dir))
-        for mode in ("compile", "triton"):
+        for mode in ("triton", "compile"):
             start = time.perf_counter()
             engine = load_engine(path, device="cuda", fusion=mode)
-            row: dict[str, Any] = {"model": name, "fusion": engine.info.fusion,
+            row: dict[str, Any] = {"model": name, "fusion": engine.info.fusion, "detail": engine.info.startup_detail,
                                    "load_s": round(time.perf_counter() - start, 1)}
             for tokens in (128, 4096):
                 gpu, cpu = replay_ms(engine, synthetic_batch(tokens, tokens, engine.info.model.vocab_size, 0))
@@ -149,16 +149,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", default="4096,16384")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
-    parser.add_argument("--engine", default=None, metavar="DIR", help="also time whole engine steps")
+    parser.add_argument("--engine", default=None, metavar="DIR", help="time whole engine steps instead")
     args = parser.parse_args()
     torch.manual_seed(0)
     bandwidth = copy_bandwidth_gbs()
     print(f"{torch.cuda.get_device_name()}: device-to-device copy {bandwidth:.0f} GB/s (read + write)")
-    print("| shape | unit | tokens | bound µs | " + " | ".join(f"{m}: µs, GB/s" for m in MODES) + " | Triton |")
+    if not args.engine:
+        print("| shape | unit | tokens | bound µs | " + " | ".join(f"{m}: µs, GB/s" for m in MODES) + " | Triton |")
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "copy_gbs": bandwidth}
-    result["units"] = bench_units([int(t) for t in args.tokens.split(",")], bandwidth)
     if args.engine:
         result["engine"] = bench_engine(args.engine)
+    else:
+        result["units"] = bench_units([int(t) for t in args.tokens.split(",")], bandwidth)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:
             json.dump(result, handle, indent=1)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -38,7 +40,7 @@ DEVICES = [
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     if not ON_GPU:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -76,6 +78,7 @@ def _randn(generator: torch.Generator, *shape: int, dtype: torch.dtype, device: 
     return (torch.randn(*shape, generator=generator) * scale).to(device=device, dtype=dtype)
 
 
+@pytest.mark.usefixtures("poisoned_outputs")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", [384, 1024])
@@ -92,6 +95,7 @@ def test_add_rms_norm_and_rms_norm(device: str, dtype: torch.dtype, hidden: int)
         _assert_close(triton_ops.rms_norm(x, weight, 1e-6), fused.rms_norm(x, weight, 1e-6))
 
 
+@pytest.mark.usefixtures("poisoned_outputs")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(16, 8, 128), (4, 2, 64), (3, 1, 32)])
@@ -110,6 +114,7 @@ def test_qk_norm_rope(device: str, dtype: torch.dtype, heads: int, kv_heads: int
             _assert_close(actual, expected)
 
 
+@pytest.mark.usefixtures("poisoned_outputs")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("intermediate", [1536, 3072, 1000])
@@ -120,6 +125,7 @@ def test_silu_mul(device: str, dtype: torch.dtype, intermediate: int) -> None:
         _assert_close(triton_ops.silu_mul(gate_up), fused.silu_mul(gate_up))
 
 
+@pytest.mark.usefixtures("poisoned_outputs")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["gelu", "gelu_new", "relu", "silu"])
@@ -133,6 +139,7 @@ def test_bias_activation(device: str, dtype: torch.dtype, kind: str, intermediat
         _assert_close(triton_ops.activation(x, kind), fused.activation(x, kind))
 
 
+@pytest.mark.usefixtures("poisoned_outputs")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", [384, 1024])
@@ -151,3 +158,30 @@ def test_unsupported_activation_is_refused() -> None:
     x = torch.ones(2, 8)
     with pytest.raises(NotImplementedError, match="not supported"):
         triton_ops.bias_activation(x, None, "mish")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family_name", ["qwen3_bidirectional_mean", "bert_mean"])
+def test_engine_with_triton_units_matches_transformers(family_name: str, tmp_path: Path) -> None:
+    """The whole engine on the Triton set (bf16, graph replays) against transformers in float32."""
+    from quiver.worker.engine import Batch, load_engine
+    from tests.worker.engine.families import FAMILIES, reference_rows, write_family
+
+    family = next(f for f in FAMILIES if f.name == family_name)
+    path, model = write_family(family, tmp_path)
+    engine = load_engine(path, device="cuda", fusion="triton")
+    assert engine.info.fusion == "triton"
+    rng = np.random.default_rng(5)
+    sequences = [rng.integers(4, 90, size=n, dtype=np.int32) for n in (5, 17, 100, 3)]
+    types = [np.zeros_like(s) for s in sequences]
+    expected = reference_rows(family, model.float(), sequences, types, [False] * len(sequences))
+    batch = Batch(
+        input_ids=np.concatenate(sequences), seq_lens=np.array([len(s) for s in sequences], dtype=np.int32)
+    )
+    for _ in range(3):  # warm-up, capture + replay, replay
+        lazy = engine.step(batch)
+        rows = lazy.wait().copy()
+        lazy.release()
+        cosines = (rows * expected).sum(1) / (np.linalg.norm(rows, axis=1) * np.linalg.norm(expected, axis=1))
+        assert cosines.min() >= 0.999, cosines
+    assert engine.stats()["replays"] == 2
