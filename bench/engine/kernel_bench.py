@@ -1,13 +1,15 @@
 """The elementwise units, one by one, against the bytes they must move: plain PyTorch, torch.compile and
 the hand-written Triton kernels, at the pplx-embed-0.6B and BGE-M3 shapes.
 
-    python -m quiver.bench.engine.kernel_bench [--tokens 4096,16384] [--engine DIR] [--out FILE.json]
+    python -m quiver.bench.engine.kernel_bench [--tokens 4096,16384] [--engine DIR [--fusion auto]] [--out FILE]
 
-Each unit is timed with triton.testing.do_bench (median, L2 flushed before every run, random inputs),
-and reported in µs and achieved GB/s beside its bound: the fewest bytes it must move (each input read
+Each unit is timed as the engine runs it, inside a CUDA graph (so Python launch cost is not counted),
+over enough random input sets that they do not fit in L2, and reported in µs and achieved GB/s beside
+its bound: the fewest bytes it must move (each input read
 once, each output written once) over the device-to-device copy bandwidth measured in the same run.
-With --engine, instead: the engine's graph replay per step with each fused set, at 128 and 4096 tokens
-of one sequence, on random-weight checkpoints of both shapes written under DIR. Needs a CUDA device.
+With --engine, instead: the engine's graph replay per step with each fused set (--fusion, default
+triton,compile; "auto" shows start-up's own choice), at 128 and 4096 tokens of one sequence, on
+random-weight checkpoints of both shapes written under DIR. Needs a CUDA device.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import argparse
 import json
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Callable
 
 import torch
@@ -80,34 +81,73 @@ def unit_cases(shape: Shape, tokens: int) -> list[tuple[str, str, tuple[Any, ...
     ]
 
 
+def _bias_activation(x: torch.Tensor, bias: torch.Tensor, kind: str) -> torch.Tensor:
+    return fused.activation(x + bias, kind)
+
+
+_compiled_bias_activation = torch.compile(_bias_activation, fullgraph=True)
+
+
 def unit_function(ops: fused.ElementwiseOps, unit: str) -> Callable[..., Any]:
+    """The set's function for a unit; bias + activation, not a unit of the sets (the engine keeps the
+    bias in the GEMM), is the plain add + activation, that compiled, or the Triton kernel."""
     if unit != "bias_activation":
         return getattr(ops, unit)
     if ops.mode == "triton":
         from quiver.worker.engine.layers import triton_ops
 
         return triton_ops.bias_activation
-    return lambda x, bias, kind: ops.activation(x + bias, kind)  # the unfused sets: add, then the unit
+    return _compiled_bias_activation if ops.mode == "compile" else _bias_activation
+
+
+def graph_time_us(fn: Callable[..., Any], arg_sets: list[tuple[Any, ...]], trials: int = 5) -> float:
+    """µs per call, as the engine runs them: one call per input set captured in a CUDA graph (no launch
+    gaps), replayed; the sets together outgrow the L2 cache, so each call reads from memory. Median of
+    trials."""
+    for args in arg_sets:
+        fn(*args)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for args in arg_sets:
+            fn(*args)
+    graph.replay()
+    times = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(REPLAYS):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / REPLAYS / len(arg_sets))
+    del graph
+    return sorted(times)[len(times) // 2]
+
+
+REPLAYS = 10
+L2_FLUSH_BYTES = 4 * 60 * 2**20  # the input sets of one timing together: four times the H200's L2
 
 
 def bench_units(tokens_list: list[int], bandwidth: float) -> list[dict[str, Any]]:
-    import triton.testing
-
     op_sets = {"none": fused.plain_ops(), "compile": fused.compiled_ops(), "triton": fused.triton_kernel_ops()}
     rows = []
     for shape in (PPLX, BGE_M3):
         for tokens in tokens_list:
-            for label, unit, args, moved in unit_cases(shape, tokens):
+            first = unit_cases(shape, tokens)
+            copies = max(2, -(-L2_FLUSH_BYTES // min(case[3] for case in first)))
+            sets = [first] + [unit_cases(shape, tokens) for _ in range(copies - 1)]
+            for index, (label, unit, _, moved) in enumerate(first):
                 row: dict[str, Any] = {"shape": shape.name, "unit": label, "tokens": tokens, "bytes": moved,
-                                       "bound_us": moved / bandwidth / 1e3}
+                                       "bound_us": moved / bandwidth / 1e3, "input_sets": copies}
                 for mode, ops in op_sets.items():
-                    fn = unit_function(ops, unit)
-                    fn(*args)
-                    ms = triton.testing.do_bench(partial(fn, *args), warmup=25, rep=100, return_mode="median")
-                    row[f"{mode}_us"] = ms * 1e3
-                    row[f"{mode}_gbs"] = moved / ms / 1e6
+                    us = graph_time_us(unit_function(ops, unit), [cases[index][2] for cases in sets])
+                    row[f"{mode}_us"] = us
+                    row[f"{mode}_gbs"] = moved / us / 1e3
                 rows.append(row)
                 print_row(row)
+            del sets, first
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -118,7 +158,7 @@ def print_row(row: dict[str, Any]) -> None:
           f"{ratio:4.2f} x bound |", flush=True)
 
 
-def bench_engine(ckpt_dir: str) -> list[dict[str, Any]]:
+def bench_engine(ckpt_dir: str, modes: list[str]) -> list[dict[str, Any]]:
     """Graph replay ms per step (one sequence of 128 and of 4096 tokens) with each fused set."""
     from pathlib import Path
 
@@ -130,7 +170,7 @@ def bench_engine(ckpt_dir: str) -> list[dict[str, Any]]:
     rows = []
     for name in sorted(BENCH_MODELS):
         path = ensure_bench_checkpoint(name, Path(ckpt_dir))
-        for mode in ("triton", "compile"):
+        for mode in modes:
             start = time.perf_counter()
             engine = load_engine(path, device="cuda", fusion=mode)
             row: dict[str, Any] = {"model": name, "fusion": engine.info.fusion, "detail": engine.info.startup_detail,
@@ -150,6 +190,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="4096,16384")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     parser.add_argument("--engine", default=None, metavar="DIR", help="time whole engine steps instead")
+    parser.add_argument("--fusion", default="triton,compile", help="with --engine: the fusion modes to load")
     args = parser.parse_args()
     torch.manual_seed(0)
     bandwidth = copy_bandwidth_gbs()
@@ -158,7 +199,7 @@ def main() -> None:
         print("| shape | unit | tokens | bound µs | " + " | ".join(f"{m}: µs, GB/s" for m in MODES) + " | Triton |")
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "copy_gbs": bandwidth}
     if args.engine:
-        result["engine"] = bench_engine(args.engine)
+        result["engine"] = bench_engine(args.engine, args.fusion.split(","))
     else:
         result["units"] = bench_units([int(t) for t in args.tokens.split(",")], bandwidth)
     if args.out:

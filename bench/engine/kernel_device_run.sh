@@ -15,6 +15,7 @@ timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -m gpu t
 echo "triton gpu tests exit $? after $(( $(date +%s) - start )) s"
 grep -E "passed|failed|Error|assert" "$OUT/triton_tests.log" | tail -15
 timeout "${ENGINE_TIMEOUT:-150}" python3 -m quiver.bench.engine.kernel_bench --engine /tmp/quiver-kernel-ckpts \
+    --fusion "${ENGINE_FUSION:-triton,compile}" \
     --out "$OUT/kernel_engine.json" > "$OUT/kernel_engine.log" 2>&1
 echo "engine steps exit $? after $(( $(date +%s) - start )) s"
 grep -E "^engine:|fusion probe|Error|error" "$OUT/kernel_engine.log" | tail -12
