@@ -154,6 +154,25 @@ def test_add_layer_norm(device: str, dtype: torch.dtype, hidden: int) -> None:
         _assert_close(triton_ops.add_layer_norm(x, residual, weight, bias, 1e-12), expected)
 
 
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_inputs(device: str) -> None:
+    """Row-strided views (a slice of a wider matrix) and column-strided ones (a transpose)."""
+    generator = torch.Generator().manual_seed(7)
+    wide = _randn(generator, 9, 96, dtype=torch.float32, device=device)
+    weight = _randn(generator, 64, dtype=torch.float32, device=device)
+    bias = _randn(generator, 64, dtype=torch.float32, device=device)
+    for x in (wide[:, 16:80], wide[:, :64].t().contiguous().t()):
+        _assert_close(triton_ops.rms_norm(x, weight, 1e-6), fused.rms_norm(x, weight, 1e-6))
+        residual = torch.ones_like(x)
+        for actual, expected in zip(triton_ops.add_rms_norm(x, residual, weight, 1e-6),
+                                    fused.add_rms_norm(x, residual, weight, 1e-6)):
+            _assert_close(actual, expected)
+        _assert_close(triton_ops.bias_activation(x, bias, "gelu"), fused.activation(x + bias, "gelu"))
+        _assert_close(triton_ops.add_layer_norm(x, residual, weight, bias, 1e-5),
+                      fused.add_layer_norm(x, residual, weight, bias, 1e-5))
+
+
 def test_unsupported_activation_is_refused() -> None:
     x = torch.ones(2, 8)
     with pytest.raises(NotImplementedError, match="not supported"):

@@ -15,6 +15,12 @@ import triton
 import triton.language as tl
 
 
+def _row_major(x: torch.Tensor) -> torch.Tensor:
+    """x as [rows, last dim] with unit column stride (a view where it can be; rows may be strided)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 def _row_warps(block: int) -> int:
     """Warps for a row of `block` elements: about 8 elements (16 bytes of bf16) per thread."""
     return max(1, min(16, block // 256))
@@ -42,7 +48,7 @@ def _add_rms_norm_kernel(
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     n = x.shape[-1]
-    rows = x.reshape(-1, n)
+    rows = _row_major(x)
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         block = triton.next_power_of_2(n)
@@ -58,7 +64,7 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual) in one pass: two reads, two writes per element."""
     n = x.shape[-1]
-    rows, res = x.reshape(-1, n), residual.reshape(-1, n).contiguous()
+    rows, res = _row_major(x), residual.reshape(-1, n).contiguous()
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     summed = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
@@ -166,7 +172,7 @@ def bias_activation(x: torch.Tensor, bias: torch.Tensor | None, kind: str) -> to
     if kind not in _ACTIVATIONS:
         raise NotImplementedError(f"activation {kind!r} is not supported")
     n = x.shape[-1]
-    rows = x.reshape(-1, n)
+    rows = _row_major(x)
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         block = min(triton.next_power_of_2(n), 2048)
