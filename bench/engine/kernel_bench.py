@@ -18,6 +18,7 @@ import argparse
 import json
 import time
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Callable
 
 import torch
@@ -85,7 +86,9 @@ def _bias_activation(x: torch.Tensor, bias: torch.Tensor, kind: str) -> torch.Te
     return fused.activation(x + bias, kind)
 
 
-_compiled_bias_activation = torch.compile(_bias_activation, fullgraph=True)
+@cache
+def _compiled_bias_activation() -> Callable[..., Any]:
+    return torch.compile(_bias_activation, fullgraph=True)
 
 
 def unit_function(ops: fused.ElementwiseOps, unit: str) -> Callable[..., Any]:
@@ -97,7 +100,7 @@ def unit_function(ops: fused.ElementwiseOps, unit: str) -> Callable[..., Any]:
         from quiver.worker.engine.layers import triton_ops
 
         return triton_ops.bias_activation
-    return _compiled_bias_activation if ops.mode == "compile" else _bias_activation
+    return _compiled_bias_activation() if ops.mode == "compile" else _bias_activation
 
 
 def graph_time_us(fn: Callable[..., Any], arg_sets: list[tuple[Any, ...]], trials: int = 5) -> float:
