@@ -19,7 +19,7 @@ from quiver.worker.engine.buckets import DEFAULT_GRAPH_MAX_TOKENS, GraphLimits, 
 from quiver.worker.engine.engine import Engine, elapsed_since, synthetic_batch
 from quiver.worker.engine.graphs import time_with_graph
 from quiver.worker.engine.layers.attention_select import context_for_lens
-from quiver.worker.engine.layers.fused import ElementwiseOps, compiled_ops, plain_ops
+from quiver.worker.engine.layers.fused import ElementwiseOps, compiled_ops, plain_ops, triton_kernel_ops
 from quiver.worker.engine.loader import build_model
 from quiver.worker.engine.memory import describe, peak_bytes_of, tokens_within_budget
 
@@ -28,7 +28,7 @@ log = logging.getLogger("quiver.engine")
 DEFAULT_MAX_BATCH_SEQS = 256
 DEFAULT_MAX_BATCH_TOKENS = {"cuda": 16384, "cpu": 8192}
 DEFAULT_GPU_MEMORY_FRACTION = 0.9
-FUSION_MODES = ("auto", "compile", "none")
+FUSION_MODES = ("auto", "compile", "triton", "none")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -105,34 +105,51 @@ def _graph_time_ms(engine: Engine, batch: Batch) -> float:
         return time_with_graph(forward)
 
 
+def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.min(np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-30)))
+
+
+def _fusion_candidate(engine: Engine, name: str) -> ElementwiseOps:
+    """Build one fused op set and install it; compile (or JIT) its kernels now, not while serving: one
+    row (a size-1 dimension is its own specialisation) and several."""
+    engine.model.ops = compiled_ops() if name == "compile" else triton_kernel_ops()
+    for tokens, seq_len in ((64, 64), (192, 96), (1024, 512)):
+        engine.run_eager(_probe(engine, tokens, seq_len))
+    return engine.model.ops
+
+
 def choose_fusion(engine: Engine, mode: str) -> dict[str, Any]:
-    """Compile the elementwise units; under "auto" keep them only if graph replays measure faster."""
+    """Build the fused elementwise sets (torch.compile, hand-written Triton, or, under "auto", both);
+    keep one only if it agrees with the plain units, and under "auto" the one whose graph replays
+    measure fastest, plain included."""
     if mode == "none":
         return {}
-    start = time.perf_counter()
     plain: ElementwiseOps = engine.model.ops
     check = _probe(engine, 320, 160, seed=1)
     reference = engine.run_eager(check)
-    try:
-        engine.model.ops = compiled_ops()
-        # Compile now, not while serving: one row (a size-1 dimension is its own specialisation) and several.
-        for tokens, seq_len in ((64, 64), (192, 96), (1024, 512)):
-            engine.run_eager(_probe(engine, tokens, seq_len))
-        fused = engine.run_eager(check)
-    except Exception as exc:  # noqa: BLE001 - any compiler failure: run unfused
-        log.warning("torch.compile fusion failed, running unfused: %s", exc)
-        engine.model.ops = plain
-        engine.info.fusion = plain.mode
-        return {"compile_s": elapsed_since(start)}
-    detail: dict[str, Any] = {"compile_s": elapsed_since(start)}
-    cosine = float(np.min(np.sum(fused * reference, 1) / (
-        np.linalg.norm(fused, axis=1) * np.linalg.norm(reference, axis=1) + 1e-30)))
-    if mode == "auto":
+    candidates = [plain]
+    detail: dict[str, Any] = {}
+    for name in ("compile", "triton") if mode == "auto" else (mode,):
+        start = time.perf_counter()
+        try:
+            ops = _fusion_candidate(engine, name)
+            cosine = _min_cosine(engine.run_eager(check), reference)
+        except Exception as exc:  # noqa: BLE001 - any compiler or kernel failure: not a candidate
+            log.warning("%s fusion failed, not used: %s", name, exc)
+            continue
+        finally:
+            engine.model.ops = plain
+            detail[f"{name}_s"] = elapsed_since(start)
+        if cosine <= 0.999:
+            log.warning("%s units disagree with plain ones (cosine %.6f); not used", name, cosine)
+            continue
+        candidates.append(ops)
+    chosen = candidates[-1]
+    if mode == "auto" and len(candidates) > 1:
         probes = [_probe(engine, 128, 128), _probe(engine, 8192, 512)]
         probes = [p for p in probes if p.num_tokens <= engine.info.max_batch_tokens]
-        compiled = engine.model.ops
         times = {}
-        for ops in (plain, compiled):
+        for ops in candidates:
             engine.model.ops = ops
             try:
                 times[ops.mode] = [round(_graph_time_ms(engine, p), 3) for p in probes]
@@ -140,13 +157,10 @@ def choose_fusion(engine: Engine, mode: str) -> dict[str, Any]:
                 log.warning("fusion probe with %s ops failed: %s", ops.mode, exc)
                 times[ops.mode] = [float("inf")]
         detail["fusion_probe_ms"] = times
-        faster = sum(times["compile"]) < sum(times["none"])
-        engine.model.ops = compiled if faster and cosine > 0.999 else plain
+        chosen = min(candidates, key=lambda ops: sum(times[ops.mode]))
         log.info("fusion probe (graph replay ms at %s tokens): %s", [p.num_tokens for p in probes], times)
-    if cosine <= 0.999:
-        log.warning("compiled units disagree with plain ones (cosine %.6f); running unfused", cosine)
-        engine.model.ops = plain
-    engine.info.fusion = engine.model.ops.mode
+    engine.model.ops = chosen
+    engine.info.fusion = chosen.mode
     return detail
 
 

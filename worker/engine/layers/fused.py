@@ -1,8 +1,9 @@
-"""Elementwise work between the matrix products, written once and optionally fused by torch.compile.
+"""Elementwise work between the matrix products, written once and optionally fused.
 
 Each function is one fusion unit: on the GPU, torch.compile turns it into one or two Triton kernels
-(residual add + norm, q/k norm + rotary, SwiGLU, GELU, embedding sum + LayerNorm); on the CPU, or with
-fusion off, the same functions run as plain PyTorch. Matrix products stay outside (cuBLAS).
+(residual add + norm, q/k norm + rotary, SwiGLU, GELU, embedding sum + LayerNorm), or triton_ops.py
+replaces it with a hand-written kernel; on the CPU, or with fusion off, the same functions run as plain
+PyTorch. Matrix products stay outside (cuBLAS).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def embed_layer_norm(
 
 @dataclass(frozen=True)
 class ElementwiseOps:
-    """The fusion units a model calls; plain functions or their compiled versions."""
+    """The fusion units a model calls: plain functions, their compiled versions, or Triton kernels."""
 
     mode: str
     rms_norm: Callable[..., torch.Tensor]
@@ -174,3 +175,22 @@ def compiled_ops() -> ElementwiseOps:
             setattr(config, name, max(getattr(config, name), 64))
     compiled = {name: _TokenDynamic(fn, _TOKEN_ARGS[name]) for name, fn in _UNITS.items()}
     return ElementwiseOps(mode="compile", **compiled)
+
+
+def triton_kernel_ops() -> ElementwiseOps:
+    """The hand-written Triton kernels of triton_ops.py; the embedding sum (once a step) stays plain.
+
+    Imported here, not at module load, so that the CPU path never needs Triton installed.
+    """
+    from quiver.worker.engine.layers import triton_ops as kernels
+
+    return ElementwiseOps(
+        mode="triton",
+        rms_norm=kernels.rms_norm,
+        add_rms_norm=kernels.add_rms_norm,
+        qk_norm_rope=kernels.qk_norm_rope,
+        silu_mul=kernels.silu_mul,
+        activation=kernels.activation,
+        add_layer_norm=kernels.add_layer_norm,
+        embed_layer_norm=embed_layer_norm,
+    )

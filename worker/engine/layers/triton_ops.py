@@ -1,0 +1,248 @@
+"""Hand-written Triton kernels for the elementwise units of fused.py, one pass over memory each.
+
+Each function computes what its plain PyTorch counterpart in fused.py computes, with the same roundings
+to the activation dtype at the same places (so bf16 results agree to about one unit in the last place),
+but reads its inputs once and writes its outputs once. Rows are one program each; every size other than
+the token count is a compile-time constant, so one compiled kernel serves every token count (and
+therefore every CUDA graph bucket). Under TRITON_INTERPRET=1 the same kernels run on CPU tensors; all
+arithmetic is written on float32 values with explicit rounding (the interpreter mis-adds bf16 directly).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _row_major(x: torch.Tensor) -> torch.Tensor:
+    """x as [rows, last dim] with unit column stride (a view where it can be; rows may be strided)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _row_warps(block: int) -> int:
+    """Warps for a row of `block` elements: about 8 elements (16 bytes of bf16) per thread."""
+    return max(1, min(16, block // 256))
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr, residual_ptr, weight_ptr, out_ptr, summed_ptr, x_row_stride, eps,
+    N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        residual = tl.load(residual_ptr + row * N + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype)
+        tl.store(summed_ptr + row * N + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    normed = (xf * rstd).to(x.dtype).to(tl.float32)
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * N + cols, (weight * normed).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    n = x.shape[-1]
+    rows = _row_major(x)
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    if rows.shape[0]:
+        block = triton.next_power_of_2(n)
+        _add_rms_norm_kernel[(rows.shape[0],)](
+            rows, rows, weight, out, out, rows.stride(0), eps,
+            N=n, BLOCK=block, HAS_RESIDUAL=False, num_warps=_row_warps(block),
+        )
+    return out.view(x.shape)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual) in one pass: two reads, two writes per element."""
+    n = x.shape[-1]
+    rows, res = _row_major(x), residual.reshape(-1, n).contiguous()
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    summed = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    if rows.shape[0]:
+        block = triton.next_power_of_2(n)
+        _add_rms_norm_kernel[(rows.shape[0],)](
+            rows, res, weight, out, summed, rows.stride(0), eps,
+            N=n, BLOCK=block, HAS_RESIDUAL=True, num_warps=_row_warps(block),
+        )
+    return out.view(x.shape), summed.view(x.shape)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    qkv_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, out_ptr, qkv_row_stride, eps,
+    HEADS: tl.constexpr, HEADS_BLOCK: tl.constexpr, HALF: tl.constexpr,
+):
+    """One token: RMS-normalise each of its q and k heads over head_dim = 2 * HALF, then rotate halves."""
+    token = tl.program_id(0).to(tl.int64)
+    heads = tl.arange(0, HEADS_BLOCK)[:, None]
+    cols = tl.arange(0, HALF)[None, :]
+    mask = heads < HEADS
+    offsets = heads * (2 * HALF) + cols
+    src = qkv_ptr + token * qkv_row_stride + offsets
+    x1 = tl.load(src, mask=mask, other=0.0)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0)
+    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+    rstd = tl.rsqrt((tl.sum(x1f * x1f, axis=1) + tl.sum(x2f * x2f, axis=1)) / (2 * HALF) + eps)[:, None]
+    w1 = tl.load(weight_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    w2 = tl.load(weight_ptr + offsets + HALF, mask=mask, other=0.0).to(tl.float32)
+    # The same roundings as the plain path: the normalised value, then weight * normalised, in x's dtype.
+    y1 = (w1 * (x1f * rstd).to(x1.dtype).to(tl.float32)).to(x1.dtype).to(tl.float32)
+    y2 = (w2 * (x2f * rstd).to(x1.dtype).to(tl.float32)).to(x1.dtype).to(tl.float32)
+    position = tl.load(positions_ptr + token).to(tl.int64)
+    cos = tl.load(cos_ptr + position * HALF + cols)
+    sin = tl.load(sin_ptr + position * HALF + cols)
+    dst = out_ptr + token * (HEADS * 2 * HALF) + offsets
+    tl.store(dst, (y1 * cos - y2 * sin).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF, (y2 * cos + y1 * sin).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def qk_norm_rope(
+    qkv: torch.Tensor,
+    qk_weight: torch.Tensor,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    positions: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fused.qk_norm_rope in one kernel: q and k heads normalised and rotated into one [T, H + Hkv, D]."""
+    tokens = qkv.shape[0]
+    heads = num_heads + num_kv_heads
+    head_dim = qk_weight.shape[1]
+    if qkv.stride(1) != 1 or head_dim % 2 or head_dim & (head_dim - 1):
+        raise ValueError("qk_norm_rope needs a row-major qkv and a power-of-two head_dim")
+    qk = torch.empty((tokens, heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    if tokens:
+        _qk_norm_rope_kernel[(tokens,)](
+            qkv, qk_weight, cos_table, sin_table, positions, qk, qkv.stride(0), eps,
+            HEADS=heads, HEADS_BLOCK=triton.next_power_of_2(heads), HALF=head_dim // 2,
+            num_warps=_row_warps(triton.next_power_of_2(heads) * head_dim),
+        )
+    v = qkv[:, heads * head_dim :].view(tokens, num_kv_heads, head_dim)
+    return qk[:, :num_heads], qk[:, num_heads:], v
+
+
+_ACTIVATIONS = {
+    "gelu": 0, "gelu_new": 1, "gelu_pytorch_tanh": 1, "gelu_fast": 1, "relu": 2, "silu": 3, "swish": 3,
+}
+
+
+@triton.jit
+def _tanh(x):
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def _bias_activation_kernel(
+    x_ptr, bias_ptr, out_ptr, x_row_stride,
+    N: tl.constexpr, BLOCK: tl.constexpr, KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + bias.to(tl.float32)).to(x.dtype)
+    xf = x.to(tl.float32)
+    if KIND == 0:
+        y = 0.5 * xf * (1.0 + tl.erf(xf * 0.7071067811865476))
+    elif KIND == 1:
+        y = 0.5 * xf * (1.0 + _tanh(0.7978845608028654 * (xf + 0.044715 * xf * xf * xf)))
+    elif KIND == 2:
+        y = tl.maximum(xf, 0.0)
+    else:
+        y = xf * tl.sigmoid(xf)
+    tl.store(out_ptr + row * N + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def bias_activation(x: torch.Tensor, bias: torch.Tensor | None, kind: str) -> torch.Tensor:
+    """activation(x + bias) (bias optional) in one pass; the bias add rounds to x's dtype first, as
+    PyTorch's separate add would."""
+    if kind not in _ACTIVATIONS:
+        raise NotImplementedError(f"activation {kind!r} is not supported")
+    n = x.shape[-1]
+    rows = _row_major(x)
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    if rows.shape[0]:
+        block = min(triton.next_power_of_2(n), 2048)
+        _bias_activation_kernel[(rows.shape[0], triton.cdiv(n, block))](
+            rows, bias if bias is not None else rows, out, rows.stride(0),
+            N=n, BLOCK=block, KIND=_ACTIVATIONS[kind], HAS_BIAS=bias is not None,
+            num_warps=_row_warps(block),
+        )
+    return out.view(x.shape)
+
+
+def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
+    return bias_activation(x, None, kind)
+
+
+@triton.jit
+def _silu_mul_kernel(gate_up_ptr, out_ptr, gate_up_row_stride, N: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    gate = tl.load(gate_up_ptr + row * gate_up_row_stride + cols, mask=mask, other=0.0)
+    up = tl.load(gate_up_ptr + row * gate_up_row_stride + N + cols, mask=mask, other=0.0)
+    gf = gate.to(tl.float32)
+    silu = (gf * tl.sigmoid(gf)).to(gate.dtype).to(tl.float32)
+    tl.store(out_ptr + row * N + cols, (silu * up.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU on a fused [T, 2 I] gate/up product: silu(gate) * up, [T, I]."""
+    tokens, width = gate_up.shape
+    n = width // 2
+    if gate_up.stride(1) != 1:
+        raise ValueError("silu_mul needs a row-major gate_up")
+    out = torch.empty((tokens, n), dtype=gate_up.dtype, device=gate_up.device)
+    if tokens:
+        block = min(triton.next_power_of_2(n), 1024)
+        _silu_mul_kernel[(tokens, triton.cdiv(n, block))](
+            gate_up, out, gate_up.stride(0), N=n, BLOCK=block, num_warps=_row_warps(block),
+        )
+    return out
+
+
+@triton.jit
+def _add_layer_norm_kernel(
+    x_ptr, residual_ptr, weight_ptr, bias_ptr, out_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0)
+    residual = tl.load(residual_ptr + row * N + cols, mask=mask, other=0.0)
+    xf = (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype).to(tl.float32)
+    mean = tl.sum(xf, axis=0) / N
+    centred = tl.where(mask, xf - mean, 0.0)
+    rstd = tl.rsqrt(tl.sum(centred * centred, axis=0) / N + eps)
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    bias = tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * N + cols, (centred * rstd * weight + bias).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def add_layer_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """LayerNorm(x + residual) in one pass: two reads, one write per element."""
+    n = x.shape[-1]
+    rows, res = x.reshape(-1, n).contiguous(), residual.reshape(-1, n).contiguous()
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    if rows.shape[0]:
+        block = triton.next_power_of_2(n)
+        _add_layer_norm_kernel[(rows.shape[0],)](
+            rows, res, weight, bias, out, eps, N=n, BLOCK=block, num_warps=_row_warps(block),
+        )
+    return out.view(x.shape)
