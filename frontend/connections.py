@@ -60,13 +60,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._reading_headers:
+        super().data_received(data)
+        if self._reading_headers:  # all of `data` was request line or headers: count it
             self._header_bytes += len(data)
             if self._header_bytes > self.max_header_bytes:
                 self.transport.write(HEADERS_TOO_LARGE)
                 self._cut("header_too_large")
-                return
-        super().data_received(data)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 from starlette.responses import Response
 
 from quiver.frontend.http import Call, json_response
@@ -18,15 +21,16 @@ async def openai_embeddings(call: Call) -> Response:
         prompt_name=req.prompt_name, instruction=req.instruction, normalize=service.info.normalize,
         dimensions=req.dimensions, encoding_format=req.encoding_format, param="input",
     )
-    data = [{"object": "embedding", "index": i, "embedding": value}
-            for i, value in enumerate(encode_rows(result.rows, req.encoding_format))]
-    body = {
-        "object": "list",
-        "data": data,
-        "model": service.model_name,
-        "usage": {"prompt_tokens": result.num_tokens, "total_tokens": result.num_tokens},
-    }
+    body = openai_embeddings_body(result.rows, req.encoding_format, service.model_name, result.num_tokens)
     return json_response(body, headers=result.timings.headers())
+
+
+def openai_embeddings_body(rows: np.ndarray, encoding_format: str, model: str, num_tokens: int) -> dict[str, Any]:
+    """OpenAI's embeddings answer; each row stays a numpy array (or a base64 string) for the encoder."""
+    data = [{"object": "embedding", "index": i, "embedding": value}
+            for i, value in enumerate(encode_rows(rows, encoding_format))]
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
 
 
 async def tei_embed(call: Call) -> Response:
