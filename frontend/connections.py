@@ -29,6 +29,10 @@ HEADERS_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-t
                      b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_TOO_LARGE_BODY), _TOO_LARGE_BODY))
 
 
+class HeadersTooLarge(Exception):
+    """The request line and headers passed max_header_bytes."""
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     header_timeout_s = 10.0
     max_header_bytes = 65536
@@ -44,7 +48,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_deadline: asyncio.TimerHandle | None = None
-        self._header_bytes = 0
+        self._header_bytes = self._raw_header_bytes = 0
         self._reading_headers = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -61,16 +65,40 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self._reading_headers:  # all of `data` was request line or headers: count it
-            self._header_bytes += len(data)
-            if self._header_bytes > self.max_header_bytes:
-                self.transport.write(HEADERS_TOO_LARGE)
-                self._cut("header_too_large")
+        if self._reading_headers and not self.transport.is_closing():
+            # Headers still arriving: the parser buffers an unfinished header, so count the raw bytes too.
+            self._raw_header_bytes += len(data)
+            if self._raw_header_bytes > self.max_header_bytes:
+                self._refuse_headers()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._reading_headers = True
-        self._header_bytes = 0
+        self._header_bytes = self._raw_header_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._count_header_bytes(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_header_bytes(len(name) + len(value))
+        super().on_header(name, value)
+
+    def _count_header_bytes(self, count: int) -> None:
+        """Past the cap, raising out of the parser's callback makes uvicorn answer through send_400_response."""
+        self._header_bytes += count
+        if self._header_bytes > self.max_header_bytes:
+            raise HeadersTooLarge
+
+    def send_400_response(self, msg: str) -> None:
+        if self._header_bytes <= self.max_header_bytes:
+            super().send_400_response(msg)
+        else:
+            self._refuse_headers()
+
+    def _refuse_headers(self) -> None:
+        self.transport.write(HEADERS_TOO_LARGE)
+        self._cut("header_too_large")
 
     def on_headers_complete(self) -> None:
         self._reading_headers = False

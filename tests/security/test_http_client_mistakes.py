@@ -8,15 +8,17 @@ import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.frontend.test_errors import openai_error, tei_error
 
 
 def counter(metrics_text: str, name: str, **labels: str) -> float:
-    wanted = name + "{" + ",".join(f'{key}="{value}"' for key, value in labels.items()) + "}"
-    for line in metrics_text.splitlines():
-        if line.startswith(wanted + " "):
-            return float(line.split()[-1])
+    """The value of the sample `name` with exactly these labels in a /metrics text; 0 when absent."""
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
     return 0.0
 
 
