@@ -5,6 +5,7 @@ model cannot serve is TEI's 424."""
 from __future__ import annotations
 
 import httpx
+import huggingface_hub.constants
 import numpy as np
 import pytest
 from huggingface_hub import InferenceClient
@@ -16,7 +17,10 @@ from tests.frontend.test_errors import tei_error
 TEXTS = ["a cat sleeps on the sofa", "the stock market fell", "rain all week"]
 
 
-def test_inference_client_feature_extraction(cluster, st_model):
+def test_inference_client_feature_extraction(cluster, st_model, monkeypatch):
+    # The suite runs with HF_HUB_OFFLINE=1, which makes huggingface_hub refuse every request, even to
+    # a local base_url; this client talks to the test's own server only.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     served = InferenceClient(base_url=cluster.url).feature_extraction(TEXTS[0])
     expected = st_model.encode([TEXTS[0]], normalize_embeddings=True)
     np.testing.assert_allclose(np.asarray(served).reshape(1, -1), expected, atol=1e-4)
