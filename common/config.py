@@ -98,7 +98,9 @@ class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     port: int = option(8080, "HTTP port")
     broker: str = option(DEFAULT_FRONTEND_ENDPOINT, "the broker's frontend endpoint to connect to")
     model: str = option("", "checkpoint directory (default: the packaged all-MiniLM-L6-v2)")
-    served_model_name: str = option("", "model name in responses (default: from the checkpoint)")
+    served_model_name: str = option("", "model name in responses, or comma-separated aliases, the first in "
+                                        "responses (default: from the checkpoint)")
+    strict_model_name: bool = option(False, "refuse (404) a request whose `model` is none of the served names")
     http_processes: int = option(1, "uvicorn worker processes")
     api_key: str = option("", "require 'Authorization: Bearer <key>' on every route but /health and /metrics",
                           secret=True)
@@ -111,6 +113,13 @@ class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     max_inflight_tokens: int = option(2_000_000, "tokens this frontend keeps in flight before answering 429")
     request_timeout_s: float = option(60.0, "deadline of a request (504 beyond)")
     tokenizer_threads: int = option(0, "threads for tokenization (0: the tokenizers library's default)")
+    tokenization_pool_threads: int = option(4, "threads that tokenize requests off the event loop")
+    max_tokenize_tokens: int = option(262_144, "tokens one /tokenize request may return (413 beyond)")
+    header_timeout_s: float = option(10.0, "a connection's request line and headers must arrive within this")
+    body_timeout_s: float = option(60.0, "a request's body must arrive within this after its headers (408)")
+    keep_alive_timeout_s: float = option(5.0, "an idle keep-alive connection is closed after this")
+    max_connections: int = option(1024, "open HTTP connections per process; more are closed at once")
+    max_header_bytes: int = option(65536, "bytes of request line and headers before a connection is closed")
 
 
 @dataclass

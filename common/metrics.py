@@ -106,6 +106,10 @@ CONTRACT: tuple[MetricSpec, ...] = (
           "Chunks sent again after the broker came back"),
     _spec("quiver_frontend_bad_messages_total", "counter", FRONTEND, (),
           "Malformed messages received from the broker"),
+    _spec("quiver_frontend_other_model_names_total", "counter", FRONTEND, (),
+          "Requests that named a model other than the served names, answered with the served model"),
+    _spec("quiver_frontend_connections_cut_total", "counter", FRONTEND, ("reason",),
+          "HTTP connections closed by the server: header_timeout, header_too_large, too_many_connections"),
 
     # broker
     _spec("quiver_broker_chunks_received_total", "counter", BROKER, (),

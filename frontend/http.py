@@ -1,53 +1,101 @@
-"""The HTTP plumbing every route shares: bounded body reading, JSON, auth, errors and metrics.
+"""The request prologue every route shares, built from the route's entry in the route table.
 
-`endpoint(...)` wraps a handler so that it reads nothing unbounded, answers every failure in its
-API's own error format, never lets an exception escape as a crash, and records one request metric.
+`endpoint(spec, ...)` turns a RouteSpec into a Starlette endpoint that, in this order: checks the
+Host header (when bound to loopback, against DNS rebinding), the API key (unless the route is
+public), the Content-Type (JSON only), reserves in-flight tokens estimated from the body's size
+(429 before anything grows), reads the body within its size and time limits, parses and validates
+it, runs the handler (cancelled if the client leaves), renders any failure in the route's error
+style and records one request metric. Handlers see a validated body and never an unbounded read.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
+import ipaddress
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import orjson
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from quiver.common.config import FrontendSettings
 from quiver.frontend import metrics
-from quiver.frontend.errors import APIError, render
+from quiver.frontend.admission import CURRENT_TICKET, Ticket, estimated_tokens
+from quiver.frontend.errors import OPENAI, APIError, render
+from quiver.frontend.service import Service
 
 log = logging.getLogger("quiver.frontend")
 
-Handler = Callable[[Request], Awaitable[Response]]
-
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left first; never reaches the client
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
+JSON_MEDIA_TYPE = "application/json"
+
+
+@dataclass
+class Call:
+    """One request as a handler sees it: the service, the raw request, and its validated body."""
+
+    service: Service
+    request: Request
+    body: Any  # an instance of the route's request model; None for a route without a body
+    spec: RouteSpec
+
+
+Handler = Callable[[Call], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    """One route, declared once: the app, /openapi.json and the prologue are built from it."""
+
+    path: str
+    method: str  # GET or POST
+    summary: str
+    handler: Handler
+    request: type[BaseModel] | None  # the body's model; None: the route takes no body
+    response: Any  # a pydantic model or a JSON schema of the 200 answer
+    style: str  # errors.OPENAI or errors.TEI
+    public: bool = False  # answered without the API key
+    statuses: tuple[int, ...] = ()  # error statuses the handler itself can give
+    media_type: str = JSON_MEDIA_TYPE
+    request_schema: dict[str, Any] | None = None  # the body's schema where no one model describes it
 
 
 class ClientDisconnected(Exception):
     """The HTTP client went away before its answer was ready."""
 
 
+def encode_json(body: Any) -> bytes:
+    """JSON bytes of a response body; numpy arrays are written by orjson's own serializer, with no
+    Python step per number (float32 rows in their shortest round-trip form)."""
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def json_response(body: Any, headers: dict[str, str] | None = None, status: int = 200) -> Response:
+    return Response(encode_json(body), status_code=status, media_type=JSON_MEDIA_TYPE, headers=headers)
+
+
 async def _wait_for_disconnect(request: Request) -> None:
     """Return once the client has gone: after the body is read, the next ASGI message is the disconnect."""
-    await request.state.body_read.wait()
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
-async def _unless_disconnected(handler: Handler, request: Request) -> Response:
+async def _unless_disconnected(handler: Handler, call: Call, watch: bool) -> Response:
     """Run the handler, but cancel it (and with it the request's unstarted chunks) if the client leaves."""
-    request.state.body_read = asyncio.Event()
-    work = asyncio.ensure_future(handler(request))
-    watch = asyncio.ensure_future(_wait_for_disconnect(request))
+    work = asyncio.ensure_future(handler(call))
+    if not watch:
+        return await work
+    watcher = asyncio.ensure_future(_wait_for_disconnect(call.request))
     try:
-        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        watch.cancel()
+        watcher.cancel()
     if not work.done():
         work.cancel()
         await asyncio.gather(work, return_exceptions=True)
@@ -55,41 +103,31 @@ async def _unless_disconnected(handler: Handler, request: Request) -> Response:
     return work.result()
 
 
-def json_response(body: Any, headers: dict[str, str] | None = None, status: int = 200) -> Response:
-    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
-                    media_type="application/json", headers=headers)
-
-
-async def read_json(request: Request, limit: int) -> Any:
-    """The request body parsed as JSON, read no further than `limit` bytes (413 beyond)."""
-    try:
-        return _parse_json(await _read_body(request, limit))
-    finally:
-        body_read = getattr(request.state, "body_read", None)
-        if body_read is not None:
-            body_read.set()
-
-
 async def _read_body(request: Request, limit: int) -> bytearray:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError("body_too_large", f"the request body of {declared} bytes is over the {limit}-byte limit")
     body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > limit:
-            raise APIError("body_too_large", f"the request body is over the {limit}-byte limit")
+    try:
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise APIError("body_too_large", f"the request body is over the {limit}-byte limit")
+    except ClientDisconnect as exc:
+        raise ClientDisconnected from exc
     return body
 
 
-def _parse_json(body: bytearray) -> Any:
+def declared_length(request: Request) -> int | None:
+    declared = request.headers.get("content-length")
+    return int(declared) if declared is not None and declared.isdigit() else None
+
+
+def parse_json(body: bytes | bytearray) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise APIError("bad_json", f"the request body is not valid JSON: {exc}") from exc
 
 
-def parse(model: type[BaseModel], body: Any, openai_style: bool) -> Any:
+def parse(model: type[BaseModel], body: Any, style: str) -> Any:
     """Validate a body against a request model; the first problem becomes the error message."""
     try:
         return model.model_validate(body)
@@ -100,7 +138,7 @@ def parse(model: type[BaseModel], body: Any, openai_style: bool) -> Any:
         if len(exc.errors()) > 1:
             message += f" (and {len(exc.errors()) - 1} more problems)"
         # OpenAI answers a malformed request with 400; Text Embeddings Inference with 422.
-        raise APIError("invalid_request" if openai_style else "validation", message, param=where) from exc
+        raise APIError("invalid_request" if style == OPENAI else "validation", message, param=where) from exc
 
 
 def authorized(request: Request, api_key: str) -> bool:
@@ -111,31 +149,97 @@ def authorized(request: Request, api_key: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
-def endpoint(route: str, openai_style: bool, api_key: str, public: bool = False) -> Callable[[Handler], Handler]:
-    def wrap(handler: Handler) -> Handler:
-        @functools.wraps(handler)
-        async def wrapped(request: Request) -> Response:
-            started = time.monotonic()
-            try:
-                if not public and not authorized(request, api_key):
-                    raise APIError("unauthorized", "a valid API key is required: 'Authorization: Bearer <key>'",
-                                   headers={"WWW-Authenticate": "Bearer"})
-                response = await _unless_disconnected(handler, request)
-            except ClientDisconnected:
-                metrics.FAILURES.labels(route, "client_disconnected").inc()
-                response = Response(status_code=CLIENT_CLOSED_REQUEST)
-            except APIError as error:
-                metrics.FAILURES.labels(route, error.reason).inc()
-                response = render(error, openai_style)
-            except Exception:
-                log.exception("unexpected failure on %s", route)
-                metrics.FAILURES.labels(route, "internal").inc()
-                response = render(APIError("internal", "internal server error"), openai_style)
-            metrics.REQUESTS.labels(route, str(response.status_code)).inc()
-            if response.status_code < 400:
-                metrics.STAGE_SECONDS.labels(route, "total").observe(time.monotonic() - started)
-            return response
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
-        return wrapped
 
-    return wrap
+def host_name(header: str) -> str:
+    """The name of a Host header without its port: 'localhost:8080' -> 'localhost', '[::1]:80' -> '[::1]'."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[: header.find("]") + 1]
+    return header.partition(":")[0]
+
+
+def check_host(request: Request) -> None:
+    """A server bound to loopback answers only requests addressed to a loopback name (DNS rebinding)."""
+    header = request.headers.get("host")
+    if header is not None and host_name(header) not in LOOPBACK_HOSTS:
+        raise APIError("misdirected", f"this server listens on loopback and answers only requests for "
+                                      f"localhost, 127.0.0.1 or [::1], not for the Host {header[:100]!r}")
+
+
+def check_content_type(request: Request) -> None:
+    """Bodies are JSON: application/json (any parameters) or no Content-Type at all; else 415.
+
+    Refusing other types keeps cross-site form posts (text/plain, form encodings), which browsers
+    send without a preflight, from reaching a keyless server.
+    """
+    value = request.headers.get("content-type", "").strip()
+    if not value:
+        return
+    media = value.partition(";")[0].strip().lower()
+    if media != JSON_MEDIA_TYPE and not (media.startswith("application/") and media.endswith("+json")):
+        raise APIError("unsupported_media_type",
+                       f"the request body must be JSON sent as Content-Type: application/json, not {value[:100]!r}")
+
+
+def endpoint(spec: RouteSpec, service: Service, settings: FrontendSettings) -> Callable[[Request], Awaitable[Response]]:
+    route = spec.path
+    guard_host = is_loopback(settings.host)
+
+    async def serve(request: Request) -> Response:
+        started = time.monotonic()
+        ticket: Ticket | None = None
+        try:
+            if guard_host:
+                check_host(request)
+            if not spec.public and not authorized(request, settings.api_key):
+                raise APIError("unauthorized", "a valid API key is required: 'Authorization: Bearer <key>'",
+                               headers={"WWW-Authenticate": "Bearer"})
+            body = None
+            if spec.request is not None or spec.request_schema is not None:
+                check_content_type(request)
+                limit = settings.max_body_bytes
+                declared = declared_length(request)
+                if declared is not None and declared > limit:
+                    raise APIError("body_too_large", f"the request body of {declared} bytes is over the {limit}-byte limit")
+                if declared is not None:
+                    ticket = service.admission.reserve(estimated_tokens(declared), estimated=True)
+                try:
+                    raw = await asyncio.wait_for(_read_body(request, limit), settings.body_timeout_s)
+                except asyncio.TimeoutError:
+                    raise APIError("request_timeout",
+                                   f"the request body did not arrive within {settings.body_timeout_s:g} s") from None
+                if ticket is None:
+                    ticket = service.admission.reserve(estimated_tokens(len(raw)), estimated=True)
+                body = parse_json(raw)
+                if spec.request is not None:
+                    body = parse(spec.request, body, spec.style)
+            CURRENT_TICKET.set(ticket)
+            response = await _unless_disconnected(spec.handler, Call(service, request, body, spec),
+                                                  watch=ticket is not None)
+        except ClientDisconnected:
+            metrics.FAILURES.labels(route, "client_disconnected").inc()
+            response = Response(status_code=CLIENT_CLOSED_REQUEST)
+        except APIError as error:
+            metrics.FAILURES.labels(route, error.reason).inc()
+            response = render(error, spec.style)
+        except Exception:
+            log.exception("unexpected failure on %s", route)
+            metrics.FAILURES.labels(route, "internal").inc()
+            response = render(APIError("internal", "internal server error"), spec.style)
+        finally:
+            if ticket is not None:
+                ticket.release()
+        metrics.REQUESTS.labels(route, str(response.status_code)).inc()
+        if response.status_code < 400:
+            metrics.STAGE_SECONDS.labels(route, "total").observe(time.monotonic() - started)
+        return response
+
+    return serve

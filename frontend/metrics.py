@@ -19,3 +19,8 @@ LIVE_WORKERS = define("quiver_frontend_live_workers")
 CHUNKS_SENT = define("quiver_frontend_chunks_sent_total")
 CHUNKS_RESENT = define("quiver_frontend_chunks_resent_total")
 BAD_MESSAGES = define("quiver_frontend_bad_messages_total")
+OTHER_MODEL_NAMES = define("quiver_frontend_other_model_names_total")
+CONNECTIONS_CUT = define("quiver_frontend_connections_cut_total")
+CUT_REASONS = ("header_timeout", "header_too_large", "too_many_connections")
+for _reason in CUT_REASONS:
+    CONNECTIONS_CUT.labels(_reason)  # every reason exported from the start, at 0

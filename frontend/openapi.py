@@ -1,43 +1,43 @@
-"""The OpenAPI 3.1 document of every route, built from the pydantic schemas."""
+"""The OpenAPI 3.1 document of the route table, built from the pydantic schemas."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from pydantic import BaseModel
 
 from quiver.common.version import __version__
 from quiver.frontend import schemas
+from quiver.frontend.errors import OPENAI
+from quiver.frontend.http import RouteSpec
 
-# path -> (method, summary, request model or None, response schema, error model)
-ROUTES: dict[str, tuple[str, str, type[BaseModel] | None, Any, type[BaseModel]]] = {
-    "/v1/embeddings": ("post", "Embed inputs (OpenAI-compatible)", schemas.EmbeddingRequest,
-                       schemas.EmbeddingResponse, schemas.OpenAIError),
-    "/embed": ("post", "Embed inputs (Text Embeddings Inference-compatible)", schemas.EmbedRequest,
-               schemas.EMBED_RESPONSE_SCHEMA, schemas.TEIError),
-    "/rerank": ("post", "Rank texts against a query (Text Embeddings Inference-compatible)", schemas.RerankRequest,
-                schemas.RERANK_RESPONSE_SCHEMA, schemas.TEIError),
-    "/v1/rerank": ("post", "Rank documents against a query (Cohere / Jina-compatible)", schemas.CohereRerankRequest,
-                   schemas.CohereRerankResponse, schemas.OpenAIError),
-    "/score": ("post", "Score text pairs 1:1, 1:N or N:N (vLLM-compatible)", schemas.ScoreRequest,
-               schemas.ScoreResponse, schemas.OpenAIError),
-    "/predict": ("post", "Classify texts or pairs (Text Embeddings Inference-compatible)", schemas.PredictRequest,
-                 schemas.PREDICT_RESPONSE_SCHEMA, schemas.TEIError),
-    "/tokenize": ("post", "Tokenize inputs", schemas.TokenizeRequest, schemas.TOKENIZE_RESPONSE_SCHEMA,
-                  schemas.TEIError),
-    "/info": ("get", "Model and server facts", None, schemas.Info, schemas.TEIError),
-    "/health": ("get", "200 while at least one worker is live, else 503", None,
-                {"type": "object", "properties": {"status": {"type": "string"}, "live_workers": {"type": "integer"}}},
-                schemas.TEIError),
-    "/metrics": ("get", "Prometheus metrics", None, {"type": "string"}, schemas.TEIError),
+STATUS_TEXT = {
+    400: "malformed request, an over-long input (OpenAI-style routes), or a route that does not fit the model's kind",
+    401: "missing or wrong API key",
+    408: "the request body did not arrive in time",
+    413: "body, batch or answer too large",
+    415: "the body is not sent as application/json",
+    421: "a Host header other than localhost while the server listens on loopback",
+    422: "invalid input",
+    424: "the model cannot serve this route (Text Embeddings Inference's status)",
+    429: "overloaded; retry after the Retry-After header's seconds",
+    500: "internal error",
+    503: "no worker is live",
+    504: "the request's deadline passed",
 }
+PROLOGUE_STATUSES = (421,)  # every route: the Host check
+KEY_STATUSES = (401,)
+BODY_STATUSES = (400, 408, 413, 415, 422, 429)
 
-ERROR_STATUSES = {
-    "400": "malformed request, or a route that does not fit the model's kind", "401": "missing or wrong API key",
-    "413": "body or batch too large",
-    "422": "invalid input", "429": "overloaded; retry after the Retry-After header's seconds",
-    "500": "internal error", "503": "no worker is live", "504": "the request's deadline passed",
-}
+
+def error_statuses(spec: RouteSpec) -> list[int]:
+    """Every error status the route can give: its prologue's and its handler's."""
+    codes = set(PROLOGUE_STATUSES) | set(spec.statuses)
+    if not spec.public:
+        codes |= set(KEY_STATUSES)
+    if spec.request is not None or spec.request_schema is not None:
+        codes |= set(BODY_STATUSES)
+    return sorted(codes)
 
 
 def _ref(model: type[BaseModel], components: dict[str, Any]) -> dict[str, str]:
@@ -54,25 +54,32 @@ def _schema(spec: Any, components: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def build_openapi(extra_routes: dict[str, tuple] | None = None) -> dict[str, Any]:
+def build_openapi(routes: Iterable[RouteSpec], keyed: bool) -> dict[str, Any]:
+    """The document; `keyed`: the server requires an API key on every route not marked public."""
     components: dict[str, Any] = {}
     for referenced in (schemas.SimpleToken, schemas.Rank, schemas.Prediction):
         _ref(referenced, components)
+    routes = list(routes)
+    for route in routes:  # request models first, so that a route may refer to another's
+        if route.request is not None:
+            _ref(route.request, components)
     paths: dict[str, Any] = {}
-    for path, (method, summary, request, response, error) in {**ROUTES, **(extra_routes or {})}.items():
-        media = "text/plain" if path == "/metrics" else "application/json"
-        error_ref = _schema(error, components)
+    for route in routes:
+        error_ref = _schema(schemas.OpenAIError if route.style == OPENAI else schemas.TEIError, components)
         operation: dict[str, Any] = {
-            "summary": summary,
-            "responses": {"200": {"description": "OK", "content": {media: {"schema": _schema(response, components)}}}},
+            "summary": route.summary,
+            "responses": {"200": {"description": "OK",
+                                  "content": {route.media_type: {"schema": _schema(route.response, components)}}}},
         }
-        for status, description in ERROR_STATUSES.items():
-            operation["responses"][status] = {"description": description,
-                                              "content": {"application/json": {"schema": error_ref}}}
+        if keyed:
+            operation["security"] = [] if route.public else [{"bearer": []}]
+        for status in error_statuses(route):
+            operation["responses"][str(status)] = {"description": STATUS_TEXT[status],
+                                                   "content": {"application/json": {"schema": error_ref}}}
+        request = _schema(route.request, components) if route.request is not None else route.request_schema
         if request is not None:
-            operation["requestBody"] = {"required": True,
-                                        "content": {"application/json": {"schema": _schema(request, components)}}}
-        paths[path] = {method: operation}
+            operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": request}}}
+        paths.setdefault(route.path, {})[route.method.lower()] = operation
     return {
         "openapi": "3.1.0",
         "info": {"title": "Quiver", "version": __version__,

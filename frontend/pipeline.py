@@ -16,11 +16,10 @@ import numpy as np
 from quiver.common.config import FrontendSettings
 from quiver.common.protocol import Chunk, ErrorCode
 from quiver.frontend import metrics
+from quiver.frontend.admission import CURRENT_TICKET, RETRY_AFTER_S, Admission
 from quiver.frontend.broker_client import BrokerClient, ChunkFailed
 from quiver.frontend.errors import APIError
 from quiver.frontend.tokenization import Sequences
-
-RETRY_AFTER_S = "1"
 
 CHUNK_ERRORS = {
     ErrorCode.BAD_INPUT.value: "validation",
@@ -67,31 +66,25 @@ def split_ranges(seq_lens: np.ndarray, max_tokens: int, max_seqs: int) -> list[t
 
 
 class Pipeline:
-    def __init__(self, client: BrokerClient, settings: FrontendSettings) -> None:
+    def __init__(self, client: BrokerClient, settings: FrontendSettings, admission: Admission) -> None:
         self.client = client
         self.settings = settings
-        self.inflight_tokens = 0
+        self.admission = admission
 
     async def run(self, seqs: Sequences, task: str, normalize: bool, timings: Timings) -> np.ndarray:
         """Float32 [num_seqs, dim] rows in input order, or an APIError saying why not."""
         if not self.client.healthy:
             reason = "no worker is live" if self.client.broker_alive else "the broker is unreachable"
             raise APIError("unavailable", f"{reason}; try again shortly", headers={"Retry-After": RETRY_AFTER_S})
-        tokens = seqs.num_tokens
-        if self.inflight_tokens and self.inflight_tokens + tokens > self.settings.max_inflight_tokens:
-            raise APIError(
-                "overloaded",
-                f"this server holds {self.inflight_tokens} tokens in flight (limit "
-                f"{self.settings.max_inflight_tokens}); retry later",
-                headers={"Retry-After": RETRY_AFTER_S},
-            )
-        self.inflight_tokens += tokens
-        metrics.INFLIGHT_TOKENS.set(self.inflight_tokens)
+        ticket = CURRENT_TICKET.get()
+        if ticket is not None:  # reserved from the body's size by the request prologue; now exact
+            ticket.settle(seqs.num_tokens)
+            return await self._run_chunks(seqs, task, normalize, timings)
+        ticket = self.admission.reserve(seqs.num_tokens, estimated=False)
         try:
             return await self._run_chunks(seqs, task, normalize, timings)
         finally:
-            self.inflight_tokens -= tokens
-            metrics.INFLIGHT_TOKENS.set(self.inflight_tokens)
+            ticket.release()
 
     def _chunks(self, seqs: Sequences, task: str, normalize: bool, timeout_s: float) -> list[Chunk]:
         offsets = np.zeros(seqs.num_seqs + 1, dtype=np.int64)

@@ -1,50 +1,43 @@
-"""Embedding routes: OpenAI's POST /v1/embeddings and Text Embeddings Inference's POST /embed."""
+"""Embedding handlers: OpenAI's POST /v1/embeddings and Text Embeddings Inference's POST /embed."""
 
 from __future__ import annotations
 
-from starlette.requests import Request
+from typing import Any
+
+import numpy as np
 from starlette.responses import Response
 
-from quiver.frontend.http import json_response, parse, read_json
+from quiver.frontend.http import Call, json_response
 from quiver.frontend.quantize import encode_rows
 from quiver.frontend.schemas import EmbeddingRequest, EmbedRequest
-from quiver.frontend.service import Service
 
 
-def openai_embeddings(service: Service):
-    route = "/v1/embeddings"
-
-    async def handler(request: Request) -> Response:
-        req: EmbeddingRequest = parse(EmbeddingRequest, await read_json(request, service.settings.max_body_bytes), True)
-        service.check_model(req.model)
-        result = await service.embed(
-            req.input, route=route, truncate=req.truncate, direction=req.truncation_direction,
-            prompt_name=req.prompt_name, instruction=req.instruction, normalize=service.info.normalize,
-            dimensions=req.dimensions, encoding_format=req.encoding_format, param="input",
-        )
-        data = [{"object": "embedding", "index": i, "embedding": value}
-                for i, value in enumerate(encode_rows(result.rows, req.encoding_format))]
-        body = {
-            "object": "list",
-            "data": data,
-            "model": service.model_name,
-            "usage": {"prompt_tokens": result.num_tokens, "total_tokens": result.num_tokens},
-        }
-        return json_response(body, headers=result.timings.headers())
-
-    return route, handler
+async def openai_embeddings(call: Call) -> Response:
+    req: EmbeddingRequest = call.body
+    service = call.service
+    service.check_model(req.model)
+    result = await service.embed(
+        req.input, route=call.spec.path, truncate=req.truncate, direction=req.truncation_direction,
+        prompt_name=req.prompt_name, instruction=req.instruction, normalize=service.info.normalize,
+        dimensions=req.dimensions, encoding_format=req.encoding_format, param="input",
+    )
+    body = openai_embeddings_body(result.rows, req.encoding_format, service.model_name, result.num_tokens)
+    return json_response(body, headers=result.timings.headers())
 
 
-def tei_embed(service: Service):
-    route = "/embed"
+def openai_embeddings_body(rows: np.ndarray, encoding_format: str, model: str, num_tokens: int) -> dict[str, Any]:
+    """OpenAI's embeddings answer; each row stays a numpy array (or a base64 string) for the encoder."""
+    data = [{"object": "embedding", "index": i, "embedding": value}
+            for i, value in enumerate(encode_rows(rows, encoding_format))]
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
 
-    async def handler(request: Request) -> Response:
-        req: EmbedRequest = parse(EmbedRequest, await read_json(request, service.settings.max_body_bytes), False)
-        result = await service.embed(
-            req.inputs, route=route, truncate=req.truncate, direction=req.truncation_direction,
-            prompt_name=req.prompt_name, instruction=req.instruction, normalize=req.normalize,
-            dimensions=req.dimensions, param="inputs",
-        )
-        return json_response(result.rows, headers=result.timings.headers())
 
-    return route, handler
+async def tei_embed(call: Call) -> Response:
+    req: EmbedRequest = call.body
+    result = await call.service.embed(
+        req.inputs, route=call.spec.path, truncate=req.truncate, direction=req.truncation_direction,
+        prompt_name=req.prompt_name, instruction=req.instruction, normalize=req.normalize,
+        dimensions=req.dimensions, param="inputs",
+    )
+    return json_response(result.rows, headers=result.timings.headers())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 TokenIds = list[StrictInt]
 Inputs = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
@@ -151,13 +151,14 @@ class RerankDocument(Request):
 
 
 class CohereRerankRequest(Request):
-    """POST /v1/rerank, as Cohere's and Jina's rerank APIs."""
+    """POST /v1/rerank and /v2/rerank, as Cohere's (v1 and v2), Jina's and vLLM's rerank APIs."""
 
     query: StrictStr
     documents: list[Union[StrictStr, RerankDocument]]
     model: str | None = Field(None, description="accepted for compatibility; the server runs one model")
     top_n: StrictInt | None = Field(None, ge=0, description="keep the N best results (0 or absent: all)")
-    return_documents: bool = False
+    return_documents: bool | None = Field(None, description="include each result's document (default: no on "
+                                                         "/v1/rerank, as Cohere; yes on /v2/rerank, as vLLM)")
     truncate: bool | None = Field(None, description=TRUNCATE_HELP)
     instruction: StrictStr | None = Field(None, description=RERANK_INSTRUCTION_HELP)
 
@@ -169,6 +170,7 @@ class RerankResult(BaseModel):
 
 
 class RerankUsage(BaseModel):
+    prompt_tokens: int
     total_tokens: int
 
 
@@ -181,13 +183,18 @@ class CohereRerankResponse(BaseModel):
 
 # vLLM -------------------------------------------------------------------------------------------
 class ScoreRequest(Request):
-    """POST /score, as vLLM's score API: 1:1, 1:N (one text_1) or N:N (zipped) pairs."""
+    """POST /score and /v1/score, as vLLM's score API: 1:1, 1:N (one text_1) or N:N (zipped) pairs.
 
-    text_1: Union[StrictStr, list[StrictStr]]
-    text_2: Union[StrictStr, list[StrictStr]]
+    vLLM's other names are accepted: queries or data_1 for text_1; documents, items or data_2 for text_2.
+    """
+
+    text_1: Union[StrictStr, list[StrictStr]] = Field(validation_alias=AliasChoices("text_1", "queries", "data_1"))
+    text_2: Union[StrictStr, list[StrictStr]] = Field(
+        validation_alias=AliasChoices("text_2", "documents", "items", "data_2"))
     model: str | None = Field(None, description="accepted for compatibility; the server runs one model")
     truncate: bool | None = Field(None, description=TRUNCATE_HELP)
     raw_scores: bool = Field(False, description="the model's logits instead of their sigmoid")
+    use_activation: bool | None = Field(None, description="vLLM: false answers the raw logits (as raw_scores)")
     instruction: StrictStr | None = Field(None, description=RERANK_INSTRUCTION_HELP)
 
 
@@ -210,6 +217,19 @@ class ScoreResponse(BaseModel):
     model: str
     data: list[ScoreData]
     usage: ScoreUsage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
 
 
 class Info(BaseModel):

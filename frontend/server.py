@@ -26,13 +26,17 @@ from quiver.common.model_info import EXIT_MODEL_ERROR, ModelError
 log = logging.getLogger("quiver.frontend")
 
 SETTINGS_ENV = "QUIVER_FRONTEND_SETTINGS"
+PROTOCOL = "quiver.frontend.connections:GuardedHttpToolsProtocol"
 
 
 def app_from_environment():
     """uvicorn's factory in each process of a multi-process frontend."""
     from quiver.frontend.app import create_app
+    from quiver.frontend.connections import GuardedHttpToolsProtocol
 
-    app = create_app(FrontendSettings(**json.loads(os.environ[SETTINGS_ENV])))
+    settings = FrontendSettings(**json.loads(os.environ[SETTINGS_ENV]))
+    GuardedHttpToolsProtocol.configure(settings)
+    app = create_app(settings)
     inner = app.router.lifespan_context
 
     @contextlib.asynccontextmanager
@@ -84,6 +88,7 @@ def run_frontend(settings: FrontendSettings) -> int:
         os.environ["RAYON_NUM_THREADS"] = str(settings.tokenizer_threads)
     made = _metrics_directory(settings.http_processes)
     from quiver.frontend.app import create_app
+    from quiver.frontend.connections import GuardedHttpToolsProtocol
 
     log_level = settings.log_level.lower()
     if settings.http_processes <= 1:
@@ -92,8 +97,10 @@ def run_frontend(settings: FrontendSettings) -> int:
         except ModelError as exc:
             log.error("frontend cannot read the model: %s", exc)
             return EXIT_MODEL_ERROR
+        GuardedHttpToolsProtocol.configure(settings)
         server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
-                                        access_log=False, log_config=None, timeout_graceful_shutdown=5))
+                                        access_log=False, log_config=None, timeout_graceful_shutdown=5,
+                                        http=GuardedHttpToolsProtocol, timeout_keep_alive=settings.keep_alive_timeout_s))
         try:
             server.run()
         except KeyboardInterrupt:
@@ -103,7 +110,7 @@ def run_frontend(settings: FrontendSettings) -> int:
     try:
         uvicorn.run("quiver.frontend.server:app_from_environment", factory=True, host=settings.host, port=settings.port,
                     workers=settings.http_processes, log_level=log_level, access_log=False, log_config=None,
-                    timeout_graceful_shutdown=5)
+                    timeout_graceful_shutdown=5, http=PROTOCOL, timeout_keep_alive=settings.keep_alive_timeout_s)
     finally:
         if made:
             shutil.rmtree(made, ignore_errors=True)

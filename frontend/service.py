@@ -17,6 +17,7 @@ from quiver.common.config import FrontendSettings
 from quiver.common.model_info import KIND_CLASSIFIER, KIND_EMBEDDING, KIND_RERANKER, ModelInfo
 from quiver.common.protocol import TASK_CLASSIFY, TASK_EMBED, TASK_SCORE
 from quiver.frontend import metrics
+from quiver.frontend.admission import Admission
 from quiver.frontend.broker_client import BrokerClient
 from quiver.frontend.errors import APIError
 from quiver.frontend.pipeline import Pipeline, Timings
@@ -68,6 +69,11 @@ def as_input_list(inputs: object) -> tuple[list[str] | None, list[list[int]] | N
     return None, inputs
 
 
+def served_names(option: str) -> list[str]:
+    """The aliases of --served-model-name, 'a,b' -> ['a', 'b']; the first is the name in responses."""
+    return [name.strip() for name in option.split(",") if name.strip()]
+
+
 def matryoshka(rows: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
     """Keep the first `dimensions` columns, then (if asked) scale each row to unit length."""
     if dimensions is not None and dimensions < rows.shape[1]:
@@ -82,16 +88,22 @@ class Service:
     def __init__(self, settings: FrontendSettings, info: ModelInfo, client: BrokerClient) -> None:
         self.settings = settings
         self.info = info
-        self.model_name = settings.served_model_name or info.name
-        self.tokenizer = TextTokenizer(info)
+        self.model_names = served_names(settings.served_model_name) or [info.name]
+        self.model_name = self.model_names[0]
+        self.tokenizer = TextTokenizer(info, settings.tokenization_pool_threads)
         self.client = client
-        self.pipeline = Pipeline(client, settings)
+        self.admission = Admission(settings.max_inflight_tokens)
+        self.pipeline = Pipeline(client, settings, self.admission)
 
     def check_model(self, model: str | None) -> None:
-        """Routes that name a model answer for this server's name (or its directory's) only: 404 else."""
-        if model and model not in (self.model_name, self.info.path.name):
-            raise APIError("not_found", f"the model {model!r} does not exist; this server runs {self.model_name!r}",
-                           param="model")
+        """A server runs one model: any `model` is answered by it, as TEI does, and counted when it names
+        none of the served names (or the checkpoint directory); with --strict-model-name such a request is 404."""
+        if not model or model in self.model_names or model == self.info.path.name:
+            return
+        if self.settings.strict_model_name:
+            raise APIError("not_found", f"the model {model!r} does not exist; this server runs "
+                           f"{', '.join(repr(name) for name in self.model_names)}", param="model")
+        metrics.OTHER_MODEL_NAMES.inc()
 
     def check_count(self, count: int, param: str) -> None:
         if count == 0:

@@ -1,8 +1,9 @@
 """Text, text-pair and token-id inputs turned into flat int32 sequences, with truncation and limits.
 
 Three copies of the model's tokenizer are kept (no truncation, truncation on the right, on the left)
-so that one request's choice never changes another's. Large batches are tokenized on a thread:
-the tokenizers library releases the GIL and parallelises inside encode_batch.
+so that one request's choice never changes another's. Tokenization runs on a bounded thread pool,
+off the event loop (the tokenizers library releases the GIL and parallelises inside encode_batch);
+only inputs under THREAD_THRESHOLD_CHARS stay on the loop, where they cost less than the hand-off.
 
 Inputs come in three shapes: single texts (embedders, classifiers), pairs laid out by the tokenizer's
 own pair template with segment ids (cross-encoders: "[CLS] a [SEP] b [SEP]"), and prompts cut into a
@@ -12,16 +13,19 @@ fixed prefix, a body and a fixed suffix (Qwen3-Reranker), where truncation short
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, TypeVar, Union
 
 import numpy as np
-from tokenizers import Tokenizer
+import orjson
+from tokenizers import Encoding, Tokenizer
 
 from quiver.common.model_info import ModelInfo
 from quiver.frontend.errors import APIError
 
-# Above this many characters in one call, tokenization leaves the event loop for a thread.
+# Above this many characters in one call, tokenization leaves the event loop for the pool (a few
+# thousand characters tokenize in well under a millisecond, about the cost of the thread hand-off).
 THREAD_THRESHOLD_CHARS = 4096
 
 TextInput = Union[str, tuple[str, str]]
@@ -65,8 +69,9 @@ def _cut(ids: IdsT, limit: int, direction: str) -> IdsT:
 
 
 class TextTokenizer:
-    def __init__(self, info: ModelInfo) -> None:
+    def __init__(self, info: ModelInfo, pool_threads: int = 4) -> None:
         self.info = info
+        self.pool = ThreadPoolExecutor(max(1, pool_threads), thread_name_prefix="tokenize")
         self.max_length = info.max_input_length
         serialized = Tokenizer.from_file(str(info.tokenizer_path)).to_str()
         self.plain = Tokenizer.from_str(serialized)
@@ -99,7 +104,8 @@ class TextTokenizer:
 
     async def encode(self, texts: list[TextInput], truncate: bool, direction: str, param: str = "input",
                      with_types: bool = False) -> Sequences:
-        return await _off_loop(_chars(texts), lambda: self.encode_sync(texts, truncate, direction, param, with_types))
+        return await self._off_loop(_chars(texts),
+                                    lambda: self.encode_sync(texts, truncate, direction, param, with_types))
 
     def encode_prompts_sync(self, prefix: str, bodies: list[str], suffix: str, truncate: bool, direction: str,
                             param: str) -> Sequences:
@@ -115,8 +121,8 @@ class TextTokenizer:
 
     async def encode_prompts(self, prefix: str, bodies: list[str], suffix: str, truncate: bool, direction: str,
                              param: str) -> Sequences:
-        return await _off_loop(sum(len(b) for b in bodies),
-                               lambda: self.encode_prompts_sync(prefix, bodies, suffix, truncate, direction, param))
+        return await self._off_loop(sum(len(b) for b in bodies),
+                                    lambda: self.encode_prompts_sync(prefix, bodies, suffix, truncate, direction, param))
 
     def _check_lengths(self, ids: list[list[int]], param: str) -> None:
         for index, seq in enumerate(ids):
@@ -140,9 +146,15 @@ class TextTokenizer:
         for index, seq in enumerate(seqs):
             if not seq:
                 raise APIError("empty_input", f"input {index} is an empty list of token ids", param=param)
-            arr = np.asarray(seq, dtype=np.int64)
+            try:
+                arr = np.asarray(seq, dtype=np.int64)
+            except OverflowError:  # an id beyond int64, e.g. 2**63: out of any vocabulary
+                arr = np.asarray([x if -vocab <= x < vocab else -1 for x in seq], dtype=np.int64)
+                bad: int | None = next(x for x in seq if not 0 <= x < vocab)
+            else:
+                bad = None
             if int(arr.min()) < 0 or int(arr.max()) >= vocab:
-                bad = int(arr[(arr < 0) | (arr >= vocab)][0])
+                bad = int(arr[(arr < 0) | (arr >= vocab)][0]) if bad is None else bad
                 raise APIError("token_out_of_vocabulary",
                                f"input {index} holds token id {bad}, outside the vocabulary [0, {vocab})",
                                param=param)
@@ -154,32 +166,41 @@ class TextTokenizer:
         lens = np.array([len(a) for a in out], dtype=np.int32)
         return Sequences(np.concatenate(out), lens)
 
-    def tokens(self, texts: list[str], add_special_tokens: bool) -> list[list[dict]]:
-        """TEI's /tokenize: each token with its id, text, whether it is special, and its character span."""
-        result = []
-        for text, encoding in zip(texts, self.plain.encode_batch(texts, add_special_tokens=add_special_tokens)):
-            tokens = []
-            for token_id, token, special, (start, stop) in zip(
-                encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets
-            ):
-                is_special = bool(special)
-                tokens.append({
-                    "id": token_id,
-                    "text": token if is_special else text[start:stop],
-                    "special": is_special,
-                    "start": None if is_special else start,
-                    "stop": None if is_special else stop,
-                })
-            result.append(tokens)
-        return result
+    async def tokens_json(self, texts: list[str], add_special_tokens: bool, max_tokens: int) -> bytes:
+        """TEI's /tokenize answer as JSON bytes, made on the pool; 413 past `max_tokens` tokens in all."""
+        return await self._off_loop(_chars(texts), lambda: self._tokens_json(texts, add_special_tokens, max_tokens))
+
+    def _tokens_json(self, texts: list[str], add_special_tokens: bool, max_tokens: int) -> bytes:
+        encodings = self.plain.encode_batch(texts, add_special_tokens=add_special_tokens)
+        total = sum(len(encoding.ids) for encoding in encodings)
+        if total > max_tokens:
+            raise APIError("response_too_large", f"the inputs hold {total} tokens; /tokenize returns at most "
+                           f"{max_tokens} in one request", param="inputs")
+        return orjson.dumps([_token_list(text, encoding) for text, encoding in zip(texts, encodings)])
+
+    async def _off_loop(self, chars: int, work: Callable[[], T]) -> T:
+        """Run tokenization work on the pool unless it is too small to be worth the hand-off."""
+        if chars > THREAD_THRESHOLD_CHARS:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, work)
+        return work()
 
 
-def _chars(texts: list[TextInput]) -> int:
+def _token_list(text: str, encoding: Encoding) -> list[dict]:
+    """Each token with its id, text, whether it is special, and its character span."""
+    tokens = []
+    for token_id, token, special, (start, stop) in zip(
+        encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets
+    ):
+        is_special = bool(special)
+        tokens.append({
+            "id": token_id,
+            "text": token if is_special else text[start:stop],
+            "special": is_special,
+            "start": None if is_special else start,
+            "stop": None if is_special else stop,
+        })
+    return tokens
+
+
+def _chars(texts: list[TextInput] | list[str]) -> int:
     return sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in texts)
-
-
-async def _off_loop(chars: int, work: Callable[[], T]) -> T:
-    """Run tokenization work on a thread when it is large enough to stall the event loop."""
-    if chars > THREAD_THRESHOLD_CHARS:
-        return await asyncio.to_thread(work)
-    return work()
