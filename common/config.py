@@ -118,8 +118,8 @@ class ServeSettings(FrontendSettings):
 
 
 def default_http_processes(gpus: int, cpus: int) -> int:
-    """`quiver serve`'s frontend processes when not given: one per GPU, so that tokenization and JSON
-    grow with the GPUs they feed, but no more than the cores left after one per worker and the broker."""
+    """`quiver serve`'s frontend processes when not given: one per GPU worker, so that tokenization and
+    JSON grow with the GPUs they feed, but no more than the cores left after one per worker and the broker."""
     return max(1, min(gpus, cpus - gpus - 1))
 
 

@@ -124,7 +124,8 @@ class Supervisor:
 
         frontend_fields = {k: getattr(s, k) for k in FrontendSettings.__dataclass_fields__}
         frontend = FrontendSettings(**{**frontend_fields, "broker": s.frontend_endpoint, "model": model,
-                                       "http_processes": s.http_processes or default_http_processes(gpus, os.cpu_count() or 1)})
+                                       "http_processes": s.http_processes or default_http_processes(
+                                           len(devices) if device == "cuda" else 0, os.cpu_count() or 1)})
         self.frontend = Child("frontend", self._quiver("frontend", to_argv(frontend, FrontendSettings)))
 
     def _children(self) -> list[Child]:
