@@ -24,6 +24,7 @@ import json
 import multiprocessing
 import os
 import queue
+import shutil
 import socket
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from quiver.bench.stand_in_peers import FrontendRun, drive_stand_in_frontend, serve_stand_in_workers
+from quiver.common.security import CurveClient, make_keys
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -57,6 +59,22 @@ def start_broker(frontend_endpoint: str, worker_endpoint: str, extra: list[str],
         return subprocess.Popen([sys.executable, "-m", "quiver", "broker", "--frontend-endpoint", frontend_endpoint,
                                  "--worker-endpoint", worker_endpoint, "--log-level", "warning", *extra],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def curve_keys(directory: Path) -> tuple[list[str], CurveClient, CurveClient]:
+    """Key pairs for a broker, the stand-in frontends and workers: the broker's options, and each side's keys.
+    The broker's key options are spelled here only."""
+    broker_public, broker_secret = make_keys(directory, "broker")
+    broker_args = ["--curve-secret-key", str(broker_secret)]
+    clients = []
+    for role in ("frontend", "worker"):
+        public, secret = make_keys(directory / role, role)
+        admitted = directory / f"authorized-{role}s"
+        admitted.mkdir()
+        shutil.copy(public, admitted / public.name)
+        clients.append(CurveClient(str(secret), str(broker_public)))
+        broker_args += [f"--curve-{role}-keys-dir", str(admitted)]
+    return broker_args, clients[0], clients[1]
 
 
 def percentile_us(samples_ns: np.ndarray) -> dict[str, float]:
@@ -85,18 +103,24 @@ def run_once(workers: int, frontends: int, window: int, seconds: float, args: ar
     worker_reports, frontend_reports, ready = mp.Queue(), mp.Queue(), mp.Queue()
     frontend_endpoint, worker_endpoint = free_endpoint(), free_endpoint()
     broker = None
+    frontend_curve = worker_curve = None
     if workers:
-        broker = start_broker(frontend_endpoint, worker_endpoint, args.broker_args.split(), log_path)
+        broker_args = args.broker_args.split()
+        if args.curve:
+            curve_args, frontend_curve, worker_curve = curve_keys(Path(tempfile.mkdtemp(prefix="quiver-bench-keys-")))
+            broker_args += curve_args
+        broker = start_broker(frontend_endpoint, worker_endpoint, broker_args, log_path)
         names = [f"stand-in-{i}" for i in range(workers)]
         groups = [names[i::args.worker_processes] for i in range(min(args.worker_processes, workers))]
         worker_procs = [mp.Process(target=serve_stand_in_workers, daemon=True,
-                                   args=(worker_endpoint, group, args.dim, 1.0, stop, worker_reports)) for group in groups]
+                                   args=(worker_endpoint, group, args.dim, 1.0, stop, worker_reports, "", worker_curve))
+                        for group in groups]
     else:
         worker_procs = [mp.Process(target=serve_stand_in_workers, daemon=True,
                                    args=(worker_endpoint, [], args.dim, 1.0, stop, worker_reports, frontend_endpoint))]
     frontend_procs = [mp.Process(target=drive_stand_in_frontend, daemon=True,
                                  args=(frontend_endpoint, i, workers, window, seconds, args.seqs, args.tokens,
-                                       args.dim, ready, go, frontend_reports)) for i in range(frontends)]
+                                       args.dim, ready, go, frontend_reports, frontend_curve)) for i in range(frontends)]
     try:
         for proc in (*worker_procs, *frontend_procs):
             proc.start()
@@ -182,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=384, help="width of the stand-in results")
     parser.add_argument("--worker-processes", type=int, default=2, help="processes the stand-in workers share")
     parser.add_argument("--broker-args", default="", help="extra options of `quiver broker`, e.g. '--busy-poll-us 500'")
+    parser.add_argument("--curve", action="store_true", help="CurveZMQ on both broker endpoints (the layout "
+                        "of a broker serving other hosts); the direct rows stay plain")
     parser.add_argument("--quick", action="store_true", help="1 and 2 workers, 1 s each: a smoke run for CI")
     parser.add_argument("--out", default="", help="folder for broker_capacity.json and .md (default: print only)")
     args = parser.parse_args(argv)
@@ -198,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(markdown([row]).splitlines()[-1], flush=True)
     meta = {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "seconds": seconds, "seqs": args.seqs,
-            "tokens": args.tokens, "dim": args.dim, "broker_args": args.broker_args}
+            "tokens": args.tokens, "dim": args.dim, "broker_args": args.broker_args, "curve": args.curve}
     table = markdown(rows)
     if args.out:
         (out / "broker_capacity.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -25,17 +25,16 @@ from quiver.common.protocol import (
     PROTOCOL_VERSION, TASK_EMBED, Chunk, Disconnect, Error, Heartbeat, Message, ProtocolError, Ready, Reconnect,
     Result, decode, split_identity,
 )
+from quiver.common.security import CurveClient, cluster_secret
 from quiver.common.transport import make_socket, send
 
 STAND_IN_CAPACITY_TOKENS = 1 << 24  # never the limit: the broker's routing is what is measured
-STAND_IN_MAX_SEQS = 1 << 16
 
 
 def stand_in_ready(name: str, dim: int) -> Ready:
     """READY of a stand-in worker of output width `dim` that takes any amount of work at once."""
-    del dim  # READY carries no output width yet; kept so that adding one is an edit here only
     return Ready(version=PROTOCOL_VERSION, name=name, model="stand-in", device="none",
-                 capacity_tokens=STAND_IN_CAPACITY_TOKENS, max_seqs=STAND_IN_MAX_SEQS,
+                 capacity_tokens=STAND_IN_CAPACITY_TOKENS, output_dim=dim, secret=cluster_secret(),
                  tasks=[TASK_EMBED], pid=os.getpid())
 
 
@@ -66,9 +65,10 @@ def _receive(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, Message | No
 
 
 def serve_stand_in_workers(endpoint: str, names: list[str], dim: int, heartbeat_s: float, stop: Any,
-                           report: Any, direct_endpoint: str = "") -> None:
+                           report: Any, direct_endpoint: str = "", curve: CurveClient | None = None) -> None:
     """Process body: one DEALER per name, each registered with the broker at `endpoint`, answering every
-    CHUNK at once; with `direct_endpoint`, also a ROUTER there that frontends reach with no broker between.
+    CHUNK at once (over CurveZMQ with `curve`); with `direct_endpoint`, also a ROUTER there that frontends
+    reach with no broker between.
     When `stop` is set, put {"timings": {chunk_id: (received_ns, answered_ns)}, "chunks_by_worker",
     "bad_messages"} on `report`."""
     ctx = zmq.Context()
@@ -76,6 +76,8 @@ def serve_stand_in_workers(endpoint: str, names: list[str], dim: int, heartbeat_
     poller = zmq.Poller()
     for name in names:
         sock = make_socket(ctx, zmq.DEALER, identity=f"{name}-{os.getpid()}".encode())
+        if curve is not None:
+            curve.apply(sock)
         sock.connect(endpoint)
         send(sock, stand_in_ready(name, dim))
         sockets[sock] = name
@@ -138,13 +140,16 @@ def wait_for_workers(sock: zmq.Socket, count: int, timeout_s: float) -> None:
 
 
 def drive_stand_in_frontend(endpoint: str, index: int, workers: int, window: int, seconds: float, seqs: int,
-                            tokens_per_seq: int, dim: int, ready: Any, go: Any, report: Any) -> None:
+                            tokens_per_seq: int, dim: int, ready: Any, go: Any, report: Any,
+                            curve: CurveClient | None = None) -> None:
     """Process body: connect to `endpoint` (a broker, or a stand-in worker's direct ROUTER when workers is
     0), say `ready`, wait for `go`, then keep `window` chunks in flight for `seconds`, wait for the last
     answers and put a FrontendRun on `report`. An answer counts as wrong unless it is a RESULT for a
     chunk this frontend sent and still waits for, of num_seqs rows of width `dim`."""
     ctx = zmq.Context()
     sock = make_socket(ctx, zmq.DEALER, identity=f"bench-frontend-{index}-{os.getpid()}".encode())
+    if curve is not None:
+        curve.apply(sock)
     sock.connect(endpoint)
     rng = np.random.default_rng(index)
     if workers:

@@ -159,8 +159,8 @@ SERVE_HIDDEN = frozenset({"broker", "curve_secret_key", "curve_broker_key"})
 
 
 def default_http_processes(gpus: int, cpus: int) -> int:
-    """`quiver serve`'s frontend processes when not given: one per GPU, so that tokenization and JSON
-    grow with the GPUs they feed, but no more than the cores left after one per worker and the broker."""
+    """`quiver serve`'s frontend processes when not given: one per GPU worker, so that tokenization and
+    JSON grow with the GPUs they feed, but no more than the cores left after one per worker and the broker."""
     return max(1, min(gpus, cpus - gpus - 1))
 
 

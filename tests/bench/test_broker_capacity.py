@@ -6,12 +6,17 @@ import json
 import subprocess
 import sys
 
+import pytest
 
-def test_quick_run_routes_every_chunk_through_each_worker_and_reports_hops(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "quiver.bench.broker_capacity", "--quick", "--out", str(tmp_path)],
-                            capture_output=True, text=True, timeout=600)
+
+@pytest.mark.parametrize("options", [[], ["--curve"]], ids=["plain", "curve"])
+def test_quick_run_routes_every_chunk_through_each_worker_and_reports_hops(tmp_path, options):
+    result = subprocess.run([sys.executable, "-m", "quiver.bench.broker_capacity", "--quick", "--out", str(tmp_path),
+                             *options], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rows = json.loads((tmp_path / "broker_capacity.json").read_text())["rows"]
+    results = json.loads((tmp_path / "broker_capacity.json").read_text())
+    assert results["meta"]["curve"] == bool(options)
+    rows = results["rows"]
     assert [(row["workers"], row["window"]) for row in rows] == [(0, 32), (0, 1), (1, 32), (1, 1), (2, 32), (2, 1)]
     for row in rows:
         assert row["chunks"] > 0 and row["chunks_per_s"] > 0

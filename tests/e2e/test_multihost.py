@@ -44,10 +44,10 @@ class CurveLayout:
     root: Path
 
     def broker_args(self) -> list[str]:
-        """The broker's key options. The broker admits the public keys of one directory today; when it
-        takes separate frontend and worker directories, this is the line to change."""
+        """The broker's key options: each role's admitted public keys in a directory of their own."""
         return ["--curve-secret-key", str(self.root / "broker.key_secret"),
-                "--curve-authorized-dir", str(self.root / "authorized")]
+                "--curve-frontend-keys-dir", str(self.root / "authorized-frontends"),
+                "--curve-worker-keys-dir", str(self.root / "authorized-workers")]
 
     def client_args(self, name: str) -> list[str]:
         """Options of a frontend or worker holding the key pair `name`."""
@@ -66,9 +66,6 @@ def curve_layout(tmp_path: Path) -> CurveLayout:
         for name in names:
             public, _ = quiver_keys(layout.root / name, name)  # each "host" keeps its own secret
             shutil.copy(public, admitted[role] / public.name)
-    # Today's broker admits one directory: the union of both.
-    shutil.copytree(admitted["frontends"], layout.root / "authorized")
-    shutil.copytree(admitted["workers"], layout.root / "authorized", dirs_exist_ok=True)
     return layout
 
 
