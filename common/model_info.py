@@ -17,7 +17,10 @@ from typing import Any
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 ENCODER_TYPES = {"bert", "roberta", "xlm-roberta"}
-DECODER_TYPES = {"qwen3"}
+# pplx-embed's published config names its own model_type (Qwen3 weights, bidirectional attention, code
+# in an auto_map that Quiver never runs); the engine builds it as Qwen3.
+PPLX_QWEN3_TYPE = "bidirectional_pplx_qwen3"
+DECODER_TYPES = {"qwen3", PPLX_QWEN3_TYPE}
 
 # Exit status of a process that cannot use its model (EX_CONFIG): restarting it will not help.
 EXIT_MODEL_ERROR = 78
@@ -152,6 +155,13 @@ def _kind_of(architecture: str, model_type: str, has_st_pooling: bool) -> str:
     return KIND_EMBEDDING
 
 
+def _decoder_is_causal(config: dict[str, Any], pooling: str) -> bool:
+    """pplx-embed says use_bidirectional_attention; other checkpoints is_causal; else mean pooling means bidirectional."""
+    if "use_bidirectional_attention" in config:
+        return not bool(config["use_bidirectional_attention"])
+    return bool(config.get("is_causal", pooling != "mean"))
+
+
 def _max_input_length(path: Path, config: dict[str, Any], model_type: str) -> int:
     limits = []
     positions = config.get("max_position_embeddings")
@@ -193,10 +203,7 @@ def load_model_info(path: str | Path, name: str | None = None) -> ModelInfo:
     else:
         pooling = "none"
     normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
-    if model_type in DECODER_TYPES:
-        causal = bool(config.get("is_causal", pooling != "mean"))
-    else:
-        causal = False
+    causal = _decoder_is_causal(config, pooling) if model_type in DECODER_TYPES else False
 
     st_config = _read_json(path / "config_sentence_transformers.json") or {}
     prompts = {str(k): str(v) for k, v in (st_config.get("prompts") or {}).items()}

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 TokenIds = list[StrictInt]
 Inputs = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
 Direction = Literal["left", "right", "Left", "Right"]
-EncodingFormat = Literal["float", "base64", "int8", "binary", "ubinary"]
+EncodingFormat = Literal["float", "base64", "int8", "binary", "ubinary", "base64_int8", "base64_binary"]
 
 INSTRUCTION_HELP = ("a task instruction, written in the model's instruction format before each input "
                     "(Qwen3-Embedding: 'Instruct: {instruction}\\nQuery:{input}'); not with prompt_name")
@@ -35,7 +35,8 @@ class EmbeddingRequest(Request):
         "float",
         description="float; base64: little-endian float32; for models that emit quantized embeddings "
                     "(pplx-embed) also int8: round(127 tanh x), ubinary: sign bits packed into bytes "
-                    "(first dimension in the high bit), binary: those bytes minus 128",
+                    "(first dimension in the high bit), binary: those bytes minus 128; "
+                    "base64_int8 / base64_binary (Perplexity's names): the int8 / ubinary bytes, base64",
     )
     dimensions: StrictInt | None = Field(None, description="Matryoshka: keep the first N dimensions, renormalised")
     user: str | None = Field(None, description="accepted for compatibility; not used")
