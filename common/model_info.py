@@ -29,6 +29,9 @@ EXIT_MODEL_ERROR = 78
 KIND_EMBEDDING = "embedding"
 KIND_CLASSIFIER = "classifier"
 KIND_RERANKER = "reranker"
+# SPLADE (*ForMaskedLM encoders): one vocabulary-wide row of weights per input, mostly zeros.
+KIND_SPARSE = "sparse"
+POOLING_SPLADE = "splade"  # max over tokens of log(1 + relu(MLM logits))
 
 # Encoders whose checkpoints carry token types (segment A / B of a pair); RoBERTa's family takes none.
 TOKEN_TYPE_MODEL_TYPES = {"bert"}
@@ -45,7 +48,8 @@ _INSTRUCTION_PROMPT = re.compile(r"Instruct: .*\n(Query: ?)", re.DOTALL)
 
 def tasks_for_kind(kind: str) -> list[str]:
     """The chunk tasks (see common.protocol) a model of this kind can run."""
-    return {KIND_EMBEDDING: ["embed"], KIND_CLASSIFIER: ["score", "classify"], KIND_RERANKER: ["score"]}[kind]
+    return {KIND_EMBEDDING: ["embed"], KIND_CLASSIFIER: ["score", "classify"], KIND_RERANKER: ["score"],
+            KIND_SPARSE: ["embed"]}[kind]
 
 
 class ModelError(ValueError):
@@ -62,7 +66,7 @@ class ModelInfo:
     hidden_size: int
     vocab_size: int
     max_input_length: int
-    pooling: str  # "cls" | "mean" | "lasttoken" | "none" (scorers)
+    pooling: str  # "cls" | "mean" | "lasttoken" | "splade" (sparse) | "none" (scorers)
     normalize: bool
     causal: bool
     num_labels: int = 0
@@ -76,6 +80,8 @@ class ModelInfo:
     @property
     def output_dim(self) -> int:
         """Width of one result row: the embedding size, or the number of scores per input."""
+        if self.kind == KIND_SPARSE:
+            return self.vocab_size
         return self.hidden_size if self.kind == KIND_EMBEDDING else max(self.num_labels, 1)
 
     @property
@@ -113,6 +119,8 @@ def _st_modules(path: Path) -> list[dict[str, Any]]:
 
 def _pooling_from_st(path: Path, modules: list[dict[str, Any]]) -> str | None:
     for module in modules:
+        if str(module.get("type", "")).endswith("SpladePooling"):
+            return None  # a SPLADE model: its pooling is the sparse kind's own
         if str(module.get("type", "")).endswith("Pooling"):
             cfg = _read_json(path / module.get("path", "") / "config.json") or {}
             if cfg.get("pooling_mode_cls_token"):
@@ -150,6 +158,8 @@ def _instruction_template(prompts: dict[str, str], model_type: str, kind: str, p
 def _kind_of(architecture: str, model_type: str, has_st_pooling: bool) -> str:
     if architecture.endswith("ForSequenceClassification"):
         return KIND_CLASSIFIER
+    if architecture.endswith("ForMaskedLM") and model_type in ENCODER_TYPES:
+        return KIND_SPARSE
     if model_type in DECODER_TYPES and architecture.endswith("ForCausalLM") and not has_st_pooling:
         return KIND_RERANKER
     return KIND_EMBEDDING
@@ -200,6 +210,8 @@ def load_model_info(path: str | Path, name: str | None = None) -> ModelInfo:
     kind = _kind_of(architecture, model_type, st_pooling is not None)
     if kind == KIND_EMBEDDING:
         pooling = st_pooling or ("lasttoken" if model_type in DECODER_TYPES else "cls")
+    elif kind == KIND_SPARSE:
+        pooling = POOLING_SPLADE
     else:
         pooling = "none"
     normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)

@@ -24,7 +24,7 @@ from quiver.frontend.broker_client import BrokerClient
 from quiver.frontend.errors import APIError, render
 from quiver.frontend.http import endpoint, json_response
 from quiver.frontend.openapi import build_openapi
-from quiver.frontend import routes_embed, routes_meta, routes_score
+from quiver.frontend import routes_embed, routes_meta, routes_score, routes_sparse
 from quiver.frontend.service import Service
 
 log = logging.getLogger("quiver.frontend")
@@ -56,6 +56,7 @@ def create_app(settings: FrontendSettings) -> Starlette:
         (routes_score.cohere_rerank, True, False),
         (routes_score.vllm_score, True, False),
         (routes_score.tei_predict, False, False),
+        (routes_sparse.tei_embed_sparse, False, False),
         (routes_meta.tokenize, False, False),
         (routes_meta.info, False, False),
         (routes_meta.health, False, True),
@@ -65,7 +66,7 @@ def create_app(settings: FrontendSettings) -> Starlette:
         routes.append(Route(path, endpoint(path, openai_style, key, public)(handler), methods=[method]))
     path, handler = routes_meta.prometheus_metrics(metrics_registry)
     routes.append(Route(path, endpoint(path, False, key, public=True)(handler), methods=["GET"]))
-    openapi_document = build_openapi()
+    openapi_document = build_openapi(routes_sparse.OPENAPI_ROUTES)
 
     async def openapi(request: Request) -> Response:
         return json_response(openapi_document)

@@ -138,3 +138,49 @@ def pplx_reference(path: Path, token_ids: list[list[int]]) -> np.ndarray:
                 assert not torch.allclose(causal[0], hidden[0], atol=1e-3), "the bidirectional mask had no effect"
             rows.append(hidden.mean(0).numpy())
     return np.stack(rows)
+
+
+# ---- SPLADE -------------------------------------------------------------------------------------------
+
+BERT_SPECIALS = ["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def splade(root: Path) -> Path:
+    """naver/splade-v3's layout at tiny sizes: a BertForMaskedLM (MLM head under cls.predictions, its
+    decoder tied to the word embeddings), a BERT tokenizer, and sentence-transformers' sparse-encoder
+    modules (MLMTransformer, SpladePooling with max pooling and relu)."""
+    from tokenizers import processors
+    from transformers import BertConfig, BertForMaskedLM
+
+    path = root / "splade-v3"
+    path.mkdir(parents=True)
+    template = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                             special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    vocab = write_word_tokenizer(path, TEXTS, BERT_SPECIALS, template)
+    config = BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64, type_vocab_size=2, pad_token_id=1,
+                        tie_word_embeddings=True)
+    torch.manual_seed(5)
+    spread_weights(BertForMaskedLM(config), seed=5).save_pretrained(str(path), safe_serialization=True)
+    _write_json(path / "modules.json", [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
+        {"idx": 1, "name": "1", "path": "1_SpladePooling",
+         "type": "sentence_transformers.sparse_encoder.models.SpladePooling"},
+    ])
+    _write_json(path / "1_SpladePooling" / "config.json", {
+        "pooling_strategy": "max", "activation_function": "relu", "word_embedding_dimension": vocab})
+    _write_json(path / "sentence_bert_config.json", {"max_seq_length": 64, "do_lower_case": False})
+    return path
+
+
+def splade_reference(path: Path, texts: list[str]) -> np.ndarray:
+    """transformers' BertForMaskedLM in one padded batch: max over unpadded tokens of log(1 + relu(logits))."""
+    from transformers import BertForMaskedLM, PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"), pad_token="[PAD]")
+    model = BertForMaskedLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**batch).logits
+    weights = torch.log1p(torch.relu(logits)) * batch["attention_mask"].unsqueeze(-1)
+    return weights.max(dim=1).values.numpy()

@@ -1,0 +1,104 @@
+"""Sparse embeddings: Text Embeddings Inference's POST /embed_sparse, for SPLADE models.
+
+A SPLADE model (*ForMaskedLM encoder) gives each input one weight per vocabulary entry, mostly zero.
+Workers ship only the non-zeros (see common.protocol.Result); the answer lists them per input as
+`[{index, value}]`, ascending by index, as Text Embeddings Inference does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from pydantic import Field, StrictStr
+from starlette.requests import Request
+from starlette.responses import Response
+
+from quiver.common.model_info import KIND_CLASSIFIER, KIND_EMBEDDING, KIND_RERANKER, KIND_SPARSE, ModelInfo
+from quiver.common.protocol import TASK_EMBED, Result
+from quiver.frontend import metrics
+from quiver.frontend.errors import APIError
+from quiver.frontend.http import json_response, parse, read_json
+from quiver.frontend.pipeline import Timings
+from quiver.frontend.schemas import INSTRUCTION_HELP, TRUNCATE_HELP, Direction, Inputs, TEIError
+from quiver.frontend.schemas import Request as RequestModel
+from quiver.frontend.service import Service, describe
+
+ROUTES_BY_KIND = {
+    KIND_EMBEDDING: "/v1/embeddings, /embed, /score",
+    KIND_SPARSE: "/embed_sparse",
+    KIND_CLASSIFIER: "/predict (and /rerank, /v1/rerank, /score with one label)",
+    KIND_RERANKER: "/rerank, /v1/rerank, /score",
+}
+
+
+class SparseEmbedRequest(RequestModel):
+    """POST /embed_sparse, as Text Embeddings Inference."""
+
+    inputs: Inputs
+    truncate: bool | None = Field(None, description=TRUNCATE_HELP)
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
+    instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
+
+
+SPARSE_RESPONSE_SCHEMA = {"type": "array", "items": {"type": "array", "items": {
+    "type": "object", "properties": {"index": {"type": "integer"}, "value": {"type": "number"}},
+    "required": ["index", "value"]}}}
+
+# path -> (method, summary, request model, response schema, error model), as frontend.openapi.ROUTES
+OPENAPI_ROUTES: dict[str, tuple] = {
+    "/embed_sparse": ("post", "Sparse (SPLADE) embeddings, non-zeros per input (Text Embeddings Inference-compatible)",
+                      SparseEmbedRequest, SPARSE_RESPONSE_SCHEMA, TEIError),
+}
+
+
+def serves(info: ModelInfo) -> str:
+    """The routes a model of this kind answers, for error messages."""
+    return ROUTES_BY_KIND.get(info.kind, "")
+
+
+def result_rows(result: Result) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(indices, values) of each row's non-zeros, from a sparse result or a dense one."""
+    if result.nnz is not None:
+        return result.sparse_rows()
+    return [(np.flatnonzero(row), row[row != 0]) for row in result.values]
+
+
+async def sparse_embed(service: Service, inputs: object, *, route: str, truncate: bool | None, direction: str,
+                       prompt_name: str | None, instruction: str | None,
+                       param: str) -> tuple[list[tuple[np.ndarray, np.ndarray]], int, Timings]:
+    """Each input's non-zero weights (indices ascending), its token count, and the stage timings."""
+    timings = Timings(started=time.monotonic())
+    if service.info.kind != KIND_SPARSE:
+        raise APIError("wrong_model_kind",
+                       f"{route} needs a sparse model (SPLADE); this server runs {service.model_name}, "
+                       f"{describe(service.info)}, which serves {serves(service.info)}")
+    seqs = await service.tokenize(inputs, truncate, direction, prompt_name, param, timings, instruction)
+    metrics.INPUT_TOKENS.labels(route).observe(seqs.num_tokens)
+    metrics.INPUTS.labels(route).observe(seqs.num_seqs)
+    results = await service.pipeline.run_results(seqs, TASK_EMBED, False, timings)
+    for stage, seconds in (("tokenization", timings.tokenization_s), ("queue", timings.queue_s),
+                           ("inference", timings.inference_s)):
+        metrics.STAGE_SECONDS.labels(route, stage).observe(seconds)
+    return [row for result in results for row in result_rows(result)], seqs.num_tokens, timings
+
+
+def as_index_values(indices: np.ndarray, values: np.ndarray) -> list[dict[str, Any]]:
+    return [{"index": i, "value": v} for i, v in zip(indices.tolist(), values.tolist())]
+
+
+def tei_embed_sparse(service: Service):
+    route = "/embed_sparse"
+
+    async def handler(request: Request) -> Response:
+        req: SparseEmbedRequest = parse(SparseEmbedRequest, await read_json(request, service.settings.max_body_bytes),
+                                        False)
+        rows, _, timings = await sparse_embed(
+            service, req.inputs, route=route, truncate=req.truncate, direction=req.truncation_direction,
+            prompt_name=req.prompt_name, instruction=req.instruction, param="inputs")
+        return json_response([as_index_values(indices, values) for indices, values in rows],
+                             headers=timings.headers())
+
+    return route, handler
