@@ -6,6 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from quiver.frontend.http import json_response, parse, read_json
+from quiver.frontend.long_inputs import embed_split
 from quiver.frontend.quantize import encode_rows
 from quiver.frontend.schemas import EmbeddingRequest, EmbedRequest
 from quiver.frontend.service import Service
@@ -17,8 +18,9 @@ def openai_embeddings(service: Service):
     async def handler(request: Request) -> Response:
         req: EmbeddingRequest = parse(EmbeddingRequest, await read_json(request, service.settings.max_body_bytes), True)
         service.check_model(req.model)
-        result = await service.embed(
-            req.input, route=route, truncate=req.truncate, direction=req.truncation_direction,
+        split = service.settings.split_long_inputs if req.split_long_inputs is None else req.split_long_inputs
+        result = await (embed_split if split else Service.embed)(
+            service, req.input, route=route, truncate=req.truncate, direction=req.truncation_direction,
             prompt_name=req.prompt_name, instruction=req.instruction, normalize=service.info.normalize,
             dimensions=req.dimensions, encoding_format=req.encoding_format, param="input",
         )
@@ -40,8 +42,9 @@ def tei_embed(service: Service):
 
     async def handler(request: Request) -> Response:
         req: EmbedRequest = parse(EmbedRequest, await read_json(request, service.settings.max_body_bytes), False)
-        result = await service.embed(
-            req.inputs, route=route, truncate=req.truncate, direction=req.truncation_direction,
+        split = service.settings.split_long_inputs if req.split_long_inputs is None else req.split_long_inputs
+        result = await (embed_split if split else Service.embed)(
+            service, req.inputs, route=route, truncate=req.truncate, direction=req.truncation_direction,
             prompt_name=req.prompt_name, instruction=req.instruction, normalize=req.normalize,
             dimensions=req.dimensions, param="inputs",
         )

@@ -19,6 +19,8 @@ INSTRUCTION_HELP = ("a task instruction, written in the model's instruction form
                     "(Qwen3-Embedding: 'Instruct: {instruction}\\nQuery:{input}'); not with prompt_name")
 RERANK_INSTRUCTION_HELP = "Qwen3-Reranker only: the <Instruct> of its prompt (default: web search)"
 TRUNCATE_HELP = "truncate over-long inputs instead of answering 422 (default: the server's --auto-truncate)"
+SPLIT_HELP = ("embed an input longer than the model's limit as windows of that many tokens and return their "
+              "token-weighted mean, normalised as the model normalises (default: the server's --split-long-inputs)")
 
 
 class Request(BaseModel):
@@ -44,6 +46,7 @@ class EmbeddingRequest(Request):
     truncation_direction: Direction = "right"
     prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
     instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
+    split_long_inputs: bool | None = Field(None, description=SPLIT_HELP)
 
 
 class EmbeddingData(BaseModel):
@@ -86,6 +89,7 @@ class EmbedRequest(Request):
     prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
     instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
     dimensions: StrictInt | None = None
+    split_long_inputs: bool | None = Field(None, description=SPLIT_HELP)
 
 
 class RerankRequest(Request):
@@ -226,6 +230,7 @@ class Info(BaseModel):
     default_prompt_name: str | None
     instruction_template: str | None
     encoding_formats: list[str]
+    long_inputs: list[str]
     labels: dict[str, str] | None
     limits: dict[str, float]
     version: str
