@@ -64,7 +64,7 @@ def weighted_mean(rows: np.ndarray, windows: Windows, normalize: bool) -> np.nda
 async def make_windows(service: Service, inputs: object, prompt_name: str | None, instruction: str | None,
                        param: str) -> Windows:
     texts, id_lists = as_input_list(inputs)
-    service.check_count(len(texts if texts is not None else id_lists), param)  # type: ignore[arg-type]
+    service.check_count(len(texts if texts is not None else id_lists), param)
     limit = service.info.max_input_length
     per_input: list[list[list[int]]] = []
     if texts is not None:
@@ -78,7 +78,7 @@ async def make_windows(service: Service, inputs: object, prompt_name: str | None
                            param=param)
         per_input = [split_ids(e.ids, e.special_tokens_mask, limit) for e in encodings]
     else:
-        per_input = [split_ids(list(ids), [0] * len(ids), limit) for ids in id_lists]  # type: ignore[union-attr]
+        per_input = [split_ids(list(ids), [0] * len(ids), limit) for ids in id_lists]
     flat = [window for windows in per_input for window in windows]
     owner = np.repeat(np.arange(len(per_input)), [len(windows) for windows in per_input])
     if texts is not None:
