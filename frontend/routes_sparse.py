@@ -15,7 +15,7 @@ from pydantic import Field, StrictStr
 from starlette.requests import Request
 from starlette.responses import Response
 
-from quiver.common.model_info import KIND_CLASSIFIER, KIND_EMBEDDING, KIND_RERANKER, KIND_SPARSE, ModelInfo
+from quiver.common.model_info import KIND_SPARSE
 from quiver.common.protocol import TASK_EMBED, Result
 from quiver.frontend import metrics
 from quiver.frontend.errors import APIError
@@ -23,15 +23,7 @@ from quiver.frontend.http import json_response, parse, read_json
 from quiver.frontend.pipeline import Timings
 from quiver.frontend.schemas import INSTRUCTION_HELP, TRUNCATE_HELP, Direction, Inputs, TEIError
 from quiver.frontend.schemas import Request as RequestModel
-from quiver.frontend.service import Service, describe
-
-ROUTES_BY_KIND = {
-    KIND_EMBEDDING: "/v1/embeddings, /embed, /score",
-    KIND_SPARSE: "/embed_sparse",
-    KIND_CLASSIFIER: "/predict (and /rerank, /v1/rerank, /score with one label)",
-    KIND_RERANKER: "/rerank, /v1/rerank, /score",
-}
-
+from quiver.frontend.service import ROUTES_BY_KIND, Service, describe
 
 class SparseEmbedRequest(RequestModel):
     """POST /embed_sparse, as Text Embeddings Inference."""
@@ -54,11 +46,6 @@ OPENAPI_ROUTES: dict[str, tuple] = {
 }
 
 
-def serves(info: ModelInfo) -> str:
-    """The routes a model of this kind answers, for error messages."""
-    return ROUTES_BY_KIND.get(info.kind, "")
-
-
 def result_rows(result: Result) -> list[tuple[np.ndarray, np.ndarray]]:
     """(indices, values) of each row's non-zeros, from a sparse result or a dense one."""
     if result.nnz is not None:
@@ -74,7 +61,7 @@ async def sparse_embed(service: Service, inputs: object, *, route: str, truncate
     if service.info.kind != KIND_SPARSE:
         raise APIError("wrong_model_kind",
                        f"{route} needs a sparse model (SPLADE); this server runs {service.model_name}, "
-                       f"{describe(service.info)}, which serves {serves(service.info)}")
+                       f"{describe(service.info)}, which serves {ROUTES_BY_KIND[service.info.kind]}")
     seqs = await service.tokenize(inputs, truncate, direction, prompt_name, param, timings, instruction)
     metrics.INPUT_TOKENS.labels(route).observe(seqs.num_tokens)
     metrics.INPUTS.labels(route).observe(seqs.num_seqs)

@@ -68,8 +68,9 @@ def _remote_code(path: Path, names: list[str]) -> None:
 PPLX_MAX_POSITIONS = 128
 
 
-def pplx_embed(root: Path) -> Path:
-    """perplexity-ai/pplx-embed-v1-0.6b's layout at tiny sizes.
+def pplx_embed(root: Path, sizes: dict[str, Any] | None = None) -> Path:
+    """perplexity-ai/pplx-embed-v1-0.6b's layout at tiny sizes, or at `sizes` (e.g. the real 0.6B widths,
+    with transformers' own initialisation) for GPU runs.
 
     config.json: model_type "bidirectional_pplx_qwen3", architectures ["PPLXQwen3Model"],
     use_bidirectional_attention, an auto_map to configuration.py / modeling.py (never to be run);
@@ -81,13 +82,13 @@ def pplx_embed(root: Path) -> Path:
     path = root / "pplx-embed-v1-0.6b"
     path.mkdir(parents=True)
     vocab = write_word_tokenizer(path, TEXTS, ["<unk>", "<|endoftext|>"])
-    config = Qwen3Config(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=PPLX_MAX_POSITIONS, rope_theta=1000000.0,
-        rms_norm_eps=1e-6, tie_word_embeddings=True,
-    )
+    shape = sizes or dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16, max_position_embeddings=PPLX_MAX_POSITIONS)
+    config = Qwen3Config(**{"vocab_size": vocab, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+                            "tie_word_embeddings": True, **shape})
     torch.manual_seed(3)
-    spread_weights(Qwen3Model(config), seed=3).save_pretrained(str(path), safe_serialization=True)
+    model = Qwen3Model(config).eval() if sizes else spread_weights(Qwen3Model(config), seed=3)
+    model.save_pretrained(str(path), safe_serialization=True)
     published = json.loads((path / "config.json").read_text())
     published.update({
         "model_type": "bidirectional_pplx_qwen3",
@@ -111,7 +112,8 @@ def pplx_embed(root: Path) -> Path:
     _write_json(path / "2_Quantizer" / "config.json", {"quantization": "int8"})
     _write_json(path / "config_sentence_transformers.json",
                 {"prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"})
-    _write_json(path / "sentence_bert_config.json", {"max_seq_length": PPLX_MAX_POSITIONS, "do_lower_case": False})
+    _write_json(path / "sentence_bert_config.json",
+                {"max_seq_length": config.max_position_embeddings, "do_lower_case": False})
     return path
 
 
@@ -145,7 +147,7 @@ def pplx_reference(path: Path, token_ids: list[list[int]]) -> np.ndarray:
 BERT_SPECIALS = ["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def splade(root: Path) -> Path:
+def splade(root: Path, sizes: dict[str, Any] | None = None) -> Path:
     """naver/splade-v3's layout at tiny sizes: a BertForMaskedLM (MLM head under cls.predictions, its
     decoder tied to the word embeddings), a BERT tokenizer, and sentence-transformers' sparse-encoder
     modules (MLMTransformer, SpladePooling with max pooling and relu)."""
@@ -157,11 +159,13 @@ def splade(root: Path) -> Path:
     template = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
                                              special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
     vocab = write_word_tokenizer(path, TEXTS, BERT_SPECIALS, template)
-    config = BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=64, type_vocab_size=2, pad_token_id=1,
-                        tie_word_embeddings=True)
+    shape = sizes or dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                          max_position_embeddings=64)
+    config = BertConfig(**{"vocab_size": vocab, "type_vocab_size": 2, "pad_token_id": 1, "tie_word_embeddings": True,
+                           **shape})
     torch.manual_seed(5)
-    spread_weights(BertForMaskedLM(config), seed=5).save_pretrained(str(path), safe_serialization=True)
+    model = BertForMaskedLM(config).eval() if sizes else spread_weights(BertForMaskedLM(config), seed=5)
+    model.save_pretrained(str(path), safe_serialization=True)
     _write_json(path / "modules.json", [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
         {"idx": 1, "name": "1", "path": "1_SpladePooling",
@@ -169,7 +173,8 @@ def splade(root: Path) -> Path:
     ])
     _write_json(path / "1_SpladePooling" / "config.json", {
         "pooling_strategy": "max", "activation_function": "relu", "word_embedding_dimension": vocab})
-    _write_json(path / "sentence_bert_config.json", {"max_seq_length": 64, "do_lower_case": False})
+    _write_json(path / "sentence_bert_config.json",
+                {"max_seq_length": config.max_position_embeddings, "do_lower_case": False})
     return path
 
 
