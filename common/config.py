@@ -105,6 +105,8 @@ class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     api_key: str = option("", "require 'Authorization: Bearer <key>' on every route but /health and /metrics",
                           secret=True)
     auto_truncate: bool = option(False, "truncate over-long inputs unless a request says otherwise")
+    split_long_inputs: bool = option(False, "embed over-long inputs as windows averaged by tokens, unless a "
+                                            "request says otherwise")
     max_body_bytes: int = option(16 * 1024 * 1024, "largest request body accepted (413 beyond)")
     max_inputs: int = option(2048, "inputs in one request (413 beyond)")
     max_input_chars: int = option(1_000_000, "characters in one input before tokenization (413 beyond)")

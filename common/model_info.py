@@ -18,7 +18,10 @@ from typing import Any
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 ENCODER_TYPES = {"bert", "roberta", "xlm-roberta"}
-DECODER_TYPES = {"qwen3"}
+# pplx-embed's published config names its own model_type (Qwen3 weights, bidirectional attention, code
+# in an auto_map that Quiver never runs); the engine builds it as Qwen3.
+PPLX_QWEN3_TYPE = "bidirectional_pplx_qwen3"
+DECODER_TYPES = {"qwen3", PPLX_QWEN3_TYPE}
 
 # Exit status of a process that cannot use its model (EX_CONFIG): restarting it will not help.
 EXIT_MODEL_ERROR = 78
@@ -27,6 +30,9 @@ EXIT_MODEL_ERROR = 78
 KIND_EMBEDDING = "embedding"
 KIND_CLASSIFIER = "classifier"
 KIND_RERANKER = "reranker"
+# SPLADE (*ForMaskedLM encoders): one vocabulary-wide row of weights per input, mostly zeros.
+KIND_SPARSE = "sparse"
+POOLING_SPLADE = "splade"  # max over tokens of log(1 + relu(MLM logits))
 
 # Encoders whose checkpoints carry token types (segment A / B of a pair); RoBERTa's family takes none.
 TOKEN_TYPE_MODEL_TYPES = {"bert"}
@@ -43,7 +49,8 @@ _INSTRUCTION_PROMPT = re.compile(r"Instruct: .*\n(Query: ?)", re.DOTALL)
 
 def tasks_for_kind(kind: str) -> list[str]:
     """The chunk tasks (see common.protocol) a model of this kind can run."""
-    return {KIND_EMBEDDING: ["embed"], KIND_CLASSIFIER: ["score", "classify"], KIND_RERANKER: ["score"]}[kind]
+    return {KIND_EMBEDDING: ["embed"], KIND_CLASSIFIER: ["score", "classify"], KIND_RERANKER: ["score"],
+            KIND_SPARSE: ["embed"]}[kind]
 
 
 class ModelError(ValueError):
@@ -60,7 +67,7 @@ class ModelInfo:
     hidden_size: int
     vocab_size: int
     max_input_length: int
-    pooling: str  # "cls" | "mean" | "lasttoken" | "none" (scorers)
+    pooling: str  # "cls" | "mean" | "lasttoken" | "splade" (sparse) | "none" (scorers)
     normalize: bool
     causal: bool
     num_labels: int = 0
@@ -74,6 +81,8 @@ class ModelInfo:
     @property
     def output_dim(self) -> int:
         """Width of one result row: the embedding size, or the number of scores per input."""
+        if self.kind == KIND_SPARSE:
+            return self.vocab_size
         return self.hidden_size if self.kind == KIND_EMBEDDING else max(self.num_labels, 1)
 
     @property
@@ -111,6 +120,8 @@ def _st_modules(path: Path) -> list[dict[str, Any]]:
 
 def _pooling_from_st(path: Path, modules: list[dict[str, Any]]) -> str | None:
     for module in modules:
+        if str(module.get("type", "")).endswith("SpladePooling"):
+            return None  # a SPLADE model: its pooling is the sparse kind's own
         if str(module.get("type", "")).endswith("Pooling"):
             cfg = _read_json(path / module.get("path", "") / "config.json") or {}
             if cfg.get("pooling_mode_cls_token"):
@@ -148,9 +159,18 @@ def _instruction_template(prompts: dict[str, str], model_type: str, kind: str, p
 def _kind_of(architecture: str, model_type: str, has_st_pooling: bool) -> str:
     if architecture.endswith("ForSequenceClassification"):
         return KIND_CLASSIFIER
+    if architecture.endswith("ForMaskedLM") and model_type in ENCODER_TYPES:
+        return KIND_SPARSE
     if model_type in DECODER_TYPES and architecture.endswith("ForCausalLM") and not has_st_pooling:
         return KIND_RERANKER
     return KIND_EMBEDDING
+
+
+def _decoder_is_causal(config: dict[str, Any], pooling: str) -> bool:
+    """pplx-embed says use_bidirectional_attention; other checkpoints is_causal; else mean pooling means bidirectional."""
+    if "use_bidirectional_attention" in config:
+        return not bool(config["use_bidirectional_attention"])
+    return bool(config.get("is_causal", pooling != "mean"))
 
 
 def _max_input_length(path: Path, config: dict[str, Any], model_type: str) -> int:
@@ -191,13 +211,12 @@ def load_model_info(path: str | Path, name: str | None = None) -> ModelInfo:
     kind = _kind_of(architecture, model_type, st_pooling is not None)
     if kind == KIND_EMBEDDING:
         pooling = st_pooling or ("lasttoken" if model_type in DECODER_TYPES else "cls")
+    elif kind == KIND_SPARSE:
+        pooling = POOLING_SPLADE
     else:
         pooling = "none"
     normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
-    if model_type in DECODER_TYPES:
-        causal = bool(config.get("is_causal", pooling != "mean"))
-    else:
-        causal = False
+    causal = _decoder_is_causal(config, pooling) if model_type in DECODER_TYPES else False
 
     st_config = _read_json(path / "config_sentence_transformers.json") or {}
     prompts = {str(k): str(v) for k, v in (st_config.get("prompts") or {}).items()}

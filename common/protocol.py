@@ -282,7 +282,12 @@ class Chunk(Message):
 @dataclass
 class Result(Message):
     """The outputs of one chunk: [num_seqs, dim] of dtype (float32 unless said), row i for sequence i,
-    plus stage timings."""
+    plus stage timings.
+
+    A sparse result (nnz set: SPLADE's vocabulary-wide rows) carries only the non-zeros, in three
+    frames: row_counts int32 [num_seqs] (non-zeros per row), indices int32 [nnz] (their columns,
+    ascending within a row, each < dim) and values float32 [nnz]. Its dense form is [num_seqs, dim].
+    """
 
     TYPE: ClassVar[MsgType] = MsgType.RESULT
     chunk_id: str
@@ -292,17 +297,33 @@ class Result(Message):
     queue_s: float = 0.0
     inference_s: float = 0.0
     worker: str = ""
+    nnz: int | None = None
     values: np.ndarray = field(kw_only=True, repr=False)
+    row_counts: np.ndarray | None = field(default=None, kw_only=True, repr=False)
+    indices: np.ndarray | None = field(default=None, kw_only=True, repr=False)
+
+    ARRAY_FIELDS: ClassVar[tuple[str, ...]] = ("values", "row_counts", "indices")
 
     def header(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "values"}
+        header = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.ARRAY_FIELDS}
+        if self.nnz is None:
+            del header["nnz"]  # a dense result's header is what it was before sparse results existed
+        return header
 
     def arrays(self) -> list[bytes | memoryview]:
-        return [_as_frame(self.values, RESULT_DTYPES[self.dtype])]
+        if self.nnz is None:
+            return [_as_frame(self.values, RESULT_DTYPES[self.dtype])]
+        return [_as_frame(self.row_counts, np.int32), _as_frame(self.indices, np.int32),
+                _as_frame(self.values, np.float32)]
 
-    @property
-    def frame_bytes(self) -> int:
-        return result_frame_bytes(self.header())
+    def to_sparse(self) -> Result:
+        """This dense result with only its non-zeros (row-major order, so columns ascend within a row)."""
+        rows, columns = np.nonzero(self.values)
+        counts = np.bincount(rows, minlength=self.num_seqs).astype(np.int32)
+        return Result(chunk_id=self.chunk_id, num_seqs=self.num_seqs, dim=self.dim, queue_s=self.queue_s,
+                      inference_s=self.inference_s, worker=self.worker, nnz=int(rows.size),
+                      values=self.values[rows, columns].astype(np.float32), row_counts=counts,
+                      indices=columns.astype(np.int32))
 
     @classmethod
     def check(cls, h: dict[str, Any]) -> None:
@@ -314,20 +335,44 @@ class Result(Message):
         _check_float("queue_s", h.get("queue_s", 0.0))
         _check_float("inference_s", h.get("inference_s", 0.0))
         _check_str("worker", h.get("worker", ""))
+        if h.get("nnz") is not None:
+            _check_int("nnz", h["nnz"], 0, MAX_ARRAY_BYTES // 4)
 
     @classmethod
     def from_parts(cls, header: dict[str, Any], arrays: Sequence[bytes | memoryview]) -> Result:
-        if len(arrays) != 1:
-            raise ProtocolError(f"RESULT needs 1 array frame, got {len(arrays)}")
-        count = header["num_seqs"] * header["dim"]
-        dtype = RESULT_DTYPES[header.get("dtype", "float32")]
-        values = _array_frame("values", arrays[0], dtype, count).reshape(header["num_seqs"], header["dim"])
-        return cls(**header, values=values)
+        if header.get("nnz") is None:
+            if len(arrays) != 1:
+                raise ProtocolError(f"RESULT needs 1 array frame, got {len(arrays)}")
+            count = header["num_seqs"] * header["dim"]
+            dtype = RESULT_DTYPES[header.get("dtype", "float32")]
+            values = _array_frame("values", arrays[0], dtype, count).reshape(header["num_seqs"], header["dim"])
+            return cls(**header, values=values)
+        if len(arrays) != 3:
+            raise ProtocolError(f"a sparse RESULT needs 3 array frames, got {len(arrays)}")
+        nnz = header["nnz"]
+        counts = _array_frame("row_counts", arrays[0], np.int32, header["num_seqs"])
+        indices = _array_frame("indices", arrays[1], np.int32, nnz)
+        if int(counts.min()) < 0 or int(counts.sum(dtype=np.int64)) != nnz:
+            raise ProtocolError("row_counts must be non-negative and sum to nnz")
+        if nnz and (int(indices.min()) < 0 or int(indices.max()) >= header["dim"]):
+            raise ProtocolError(f"sparse indices must lie in [0, {header['dim']})")
+        values = _array_frame("values", arrays[2], np.float32, nnz)
+        return cls(**header, values=values, row_counts=counts, indices=indices)
+
+    def sparse_rows(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(indices, values) per row of a sparse result."""
+        assert self.nnz is not None and self.row_counts is not None and self.indices is not None
+        ends = np.cumsum(self.row_counts)
+        starts = ends - self.row_counts
+        return [(self.indices[a:b], self.values[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
 
 
-def result_frame_bytes(header: dict[str, Any]) -> int:
-    """Byte length of the values frame a RESULT header implies: num_seqs × dim × the dtype's size."""
-    return int(header["num_seqs"]) * int(header["dim"]) * RESULT_DTYPES[header.get("dtype", "float32")].itemsize
+def result_frame_bytes(header: dict[str, Any]) -> list[int]:
+    """Byte lengths of the array frames a RESULT header implies: num_seqs × dim values of its dtype, or
+    for a sparse result (nnz set) the row counts, indices and values of its non-zeros."""
+    if header.get("nnz") is not None:
+        return [4 * int(header["num_seqs"]), 4 * int(header["nnz"]), 4 * int(header["nnz"])]
+    return [int(header["num_seqs"]) * int(header["dim"]) * RESULT_DTYPES[header.get("dtype", "float32")].itemsize]
 
 
 @dataclass
@@ -393,7 +438,7 @@ def _decode_header(frames: list[Any]) -> tuple[type[Message], dict[str, Any], li
     if unknown:
         raise ProtocolError(f"{msg_type.name} header has unknown fields {sorted(unknown)}")
     cls.check(header)
-    for array_field in getattr(cls, "ARRAY_FIELDS", ()) + (("values",) if cls is Result else ()):
+    for array_field in getattr(cls, "ARRAY_FIELDS", ()):
         if array_field in header:
             raise ProtocolError(f"{array_field!r} travels as a frame, not in the header")
     return cls, header, arrays
@@ -435,7 +480,7 @@ def peek(frames: list[Any]) -> Message | Routed:
         if header.get("has_token_types"):
             expected.append(4 * header["num_tokens"])
     elif cls is Result:
-        expected = [result_frame_bytes(header)]
+        expected = result_frame_bytes(header)
     else:
         return cls.from_parts(header, arrays)
     sizes = [memoryview(a).nbytes for a in arrays]

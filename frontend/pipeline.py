@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quiver.common.config import FrontendSettings
-from quiver.common.protocol import Chunk, ErrorCode
+from quiver.common.protocol import Chunk, ErrorCode, Result
 from quiver.frontend import metrics
 from quiver.frontend.admission import CURRENT_TICKET, RETRY_AFTER_S, Admission
 from quiver.frontend.broker_client import BrokerClient, ChunkFailed
@@ -73,6 +73,10 @@ class Pipeline:
 
     async def run(self, seqs: Sequences, task: str, normalize: bool, timings: Timings) -> np.ndarray:
         """Float32 [num_seqs, dim] rows in input order, or an APIError saying why not."""
+        return np.concatenate([r.values for r in await self.run_results(seqs, task, normalize, timings)], axis=0)
+
+    async def run_results(self, seqs: Sequences, task: str, normalize: bool, timings: Timings) -> list[Result]:
+        """The chunks' results in input order (dense, or sparse for SPLADE models), or an APIError."""
         if not self.client.healthy:
             reason = "no worker is live" if self.client.broker_alive else "the broker is unreachable"
             raise APIError("unavailable", f"{reason}; try again shortly", headers={"Retry-After": RETRY_AFTER_S})
@@ -100,7 +104,7 @@ class Pipeline:
             ))
         return chunks
 
-    async def _run_chunks(self, seqs: Sequences, task: str, normalize: bool, timings: Timings) -> np.ndarray:
+    async def _run_chunks(self, seqs: Sequences, task: str, normalize: bool, timings: Timings) -> list[Result]:
         remaining = self.settings.request_timeout_s - (time.monotonic() - timings.started)
         chunks = self._chunks(seqs, task, normalize, max(0.0, remaining))
         metrics.CHUNKS_SENT.inc(len(chunks))
@@ -127,4 +131,4 @@ class Pipeline:
         results = [task_.result() for task_ in tasks]
         timings.queue_s = max(r.queue_s for r in results)
         timings.inference_s = max(r.inference_s for r in results)
-        return np.concatenate([r.values for r in results], axis=0)
+        return results

@@ -8,7 +8,9 @@ pipeline ends in a tanh quantizer) also answer:
 - `ubinary`: the sign bits (x >= 0 is 1) packed eight to a byte, first dimension in the highest bit
              (numpy.packbits), as unsigned bytes 0..255; the last byte is padded with zero bits;
 - `binary`:  the same bytes as signed integers (byte - 128), sentence-transformers' and Cohere's
-             `binary` convention.
+             `binary` convention;
+- `base64_int8`, `base64_binary`: Perplexity's API's names for the `int8` bytes and the `ubinary` bytes,
+             each row base64-encoded.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 from quiver.common.model_info import QUANTIZER_TANH
 
 FLOAT_FORMATS = ("float", "base64")
-QUANTIZED_FORMATS = ("int8", "binary", "ubinary")
+QUANTIZED_FORMATS = ("int8", "binary", "ubinary", "base64_int8", "base64_binary")
 ENCODING_FORMATS = FLOAT_FORMATS + QUANTIZED_FORMATS
 
 
@@ -54,4 +56,8 @@ def encode_rows(rows: np.ndarray, encoding_format: str) -> list[Any]:
         return tanh_int8(rows).tolist()
     if encoding_format in ("binary", "ubinary"):
         return packed_sign_bits(rows, signed=encoding_format == "binary").tolist()
+    if encoding_format == "base64_int8":
+        return [base64.b64encode(row.tobytes()).decode("ascii") for row in tanh_int8(rows)]
+    if encoding_format == "base64_binary":
+        return [base64.b64encode(row.tobytes()).decode("ascii") for row in packed_sign_bits(rows, signed=False)]
     raise ValueError(f"unknown encoding format {encoding_format!r}")

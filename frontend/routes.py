@@ -13,7 +13,7 @@ import dataclasses
 from starlette.responses import Response
 
 from quiver.common.model_info import KIND_EMBEDDING, KIND_RERANKER
-from quiver.frontend import routes_embed, routes_meta, routes_score, schemas
+from quiver.frontend import routes_embed, routes_meta, routes_score, routes_sparse, schemas
 from quiver.frontend.errors import OPENAI, TEI
 from quiver.frontend.http import Call, RouteSpec, json_response, parse
 
@@ -87,6 +87,9 @@ ROUTES: tuple[RouteSpec, ...] = (
     _score("/score"),
     _score("/v1/score"),
     PREDICT,
+    RouteSpec("/embed_sparse", "POST", "Sparse (SPLADE) embeddings, non-zeros per input (Text Embeddings "
+              "Inference-compatible)", routes_sparse.tei_embed_sparse, routes_sparse.SparseEmbedRequest,
+              routes_sparse.SPARSE_RESPONSE_SCHEMA, TEI, statuses=TEI_INFERENCE),
     _tei_root("/"),
     _tei_root("/invocations"),
     RouteSpec("/tokenize", "POST", "Tokenize inputs", routes_meta.tokenize, schemas.TokenizeRequest,

@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Awaitable, Callable
 
 import numpy as np
 from starlette.responses import Response
 
 from quiver.frontend.http import Call, json_response
+from quiver.frontend.long_inputs import embed_split
 from quiver.frontend.quantize import encode_rows
 from quiver.frontend.schemas import EmbeddingRequest, EmbedRequest
+from quiver.frontend.service import Embeddings, Service
+
+
+def _embed(call: Call, split_long_inputs: bool | None) -> Callable[..., Awaitable[Embeddings]]:
+    """Service.embed, or the windowed embedding of long inputs when the request (else the server) asks."""
+    split = call.service.settings.split_long_inputs if split_long_inputs is None else split_long_inputs
+    return functools.partial(embed_split if split else Service.embed, call.service)
 
 
 async def openai_embeddings(call: Call) -> Response:
     req: EmbeddingRequest = call.body
     service = call.service
     service.check_model(req.model)
-    result = await service.embed(
+    result = await _embed(call, req.split_long_inputs)(
         req.input, route=call.spec.path, truncate=req.truncate, direction=req.truncation_direction,
         prompt_name=req.prompt_name, instruction=req.instruction, normalize=service.info.normalize,
         dimensions=req.dimensions, encoding_format=req.encoding_format, param="input",
@@ -35,7 +44,7 @@ def openai_embeddings_body(rows: np.ndarray, encoding_format: str, model: str, n
 
 async def tei_embed(call: Call) -> Response:
     req: EmbedRequest = call.body
-    result = await call.service.embed(
+    result = await _embed(call, req.split_long_inputs)(
         req.inputs, route=call.spec.path, truncate=req.truncate, direction=req.truncation_direction,
         prompt_name=req.prompt_name, instruction=req.instruction, normalize=req.normalize,
         dimensions=req.dimensions, param="inputs",

@@ -12,6 +12,7 @@ from quiver.common.model_info import KIND_EMBEDDING
 from quiver.common.version import __version__
 from quiver.frontend.errors import APIError
 from quiver.frontend.http import Call, json_response
+from quiver.frontend.long_inputs import long_input_modes
 from quiver.frontend.quantize import formats_for
 from quiver.frontend.schemas import TokenizeRequest
 
@@ -56,6 +57,7 @@ async def info(call: Call) -> Response:
         "default_prompt_name": model.default_prompt_name,
         "instruction_template": model.instruction_template,
         "encoding_formats": list(formats_for(model.quantizer)) if model.kind == KIND_EMBEDDING else [],
+        "long_inputs": long_input_modes(settings) if model.kind == KIND_EMBEDDING else [],
         "labels": {str(i): label for i, label in model.id2label.items()} or None,
         "limits": {
             "max_body_bytes": settings.max_body_bytes,

@@ -13,10 +13,12 @@ import uuid
 
 from starlette.responses import Response
 
+from quiver.common.model_info import KIND_EMBEDDING
 from quiver.frontend.errors import APIError
 from quiver.frontend.http import Call, json_response
 from quiver.frontend.schemas import CohereRerankRequest, PredictRequest, RerankRequest, ScoreRequest
 from quiver.frontend.scores import ranking
+from quiver.frontend.similarity import cosine_scores
 from quiver.frontend.tokenization import TextInput
 
 
@@ -83,9 +85,14 @@ async def vllm_score(call: Call) -> Response:
     if isinstance(req.text_1, list) and not req.text_1:
         raise APIError("empty_input", "'text_1' must not be empty", param="text_1")
     queries, documents = score_pairs(req.text_1, req.text_2)
-    raw_scores = req.raw_scores or req.use_activation is False
-    result = await service.score(queries, documents, route=call.spec.path, truncate=req.truncate, direction="right",
-                                 raw_scores=raw_scores, instruction=req.instruction, param="text_2")
+    if service.info.kind == KIND_EMBEDDING:
+        result = await cosine_scores(service, queries, documents, route=call.spec.path, truncate=req.truncate,
+                                     instruction=req.instruction)
+    else:
+        raw_scores = req.raw_scores or req.use_activation is False
+        result = await service.score(queries, documents, route=call.spec.path, truncate=req.truncate,
+                                     direction="right", raw_scores=raw_scores, instruction=req.instruction,
+                                     param="text_2")
     body = {
         "id": f"score-{uuid.uuid4().hex}",
         "object": "list",

@@ -13,12 +13,14 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictInt, Stri
 TokenIds = list[StrictInt]
 Inputs = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
 Direction = Literal["left", "right", "Left", "Right"]
-EncodingFormat = Literal["float", "base64", "int8", "binary", "ubinary"]
+EncodingFormat = Literal["float", "base64", "int8", "binary", "ubinary", "base64_int8", "base64_binary"]
 
 INSTRUCTION_HELP = ("a task instruction, written in the model's instruction format before each input "
                     "(Qwen3-Embedding: 'Instruct: {instruction}\\nQuery:{input}'); not with prompt_name")
 RERANK_INSTRUCTION_HELP = "Qwen3-Reranker only: the <Instruct> of its prompt (default: web search)"
 TRUNCATE_HELP = "truncate over-long inputs instead of answering 422 (default: the server's --auto-truncate)"
+SPLIT_HELP = ("embed an input longer than the model's limit as windows of that many tokens and return their "
+              "token-weighted mean, normalised as the model normalises (default: the server's --split-long-inputs)")
 
 
 class Request(BaseModel):
@@ -35,7 +37,8 @@ class EmbeddingRequest(Request):
         "float",
         description="float; base64: little-endian float32; for models that emit quantized embeddings "
                     "(pplx-embed) also int8: round(127 tanh x), ubinary: sign bits packed into bytes "
-                    "(first dimension in the high bit), binary: those bytes minus 128",
+                    "(first dimension in the high bit), binary: those bytes minus 128; "
+                    "base64_int8 / base64_binary (Perplexity's names): the int8 / ubinary bytes, base64",
     )
     dimensions: StrictInt | None = Field(None, description="Matryoshka: keep the first N dimensions, renormalised")
     user: str | None = Field(None, description="accepted for compatibility; not used")
@@ -43,6 +46,7 @@ class EmbeddingRequest(Request):
     truncation_direction: Direction = "right"
     prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
     instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
+    split_long_inputs: bool | None = Field(None, description=SPLIT_HELP)
 
 
 class EmbeddingData(BaseModel):
@@ -85,6 +89,7 @@ class EmbedRequest(Request):
     prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
     instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
     dimensions: StrictInt | None = None
+    split_long_inputs: bool | None = Field(None, description=SPLIT_HELP)
 
 
 class RerankRequest(Request):
@@ -245,6 +250,7 @@ class Info(BaseModel):
     default_prompt_name: str | None
     instruction_template: str | None
     encoding_formats: list[str]
+    long_inputs: list[str]
     labels: dict[str, str] | None
     limits: dict[str, float]
     version: str

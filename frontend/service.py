@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quiver.common.config import FrontendSettings
-from quiver.common.model_info import KIND_CLASSIFIER, KIND_EMBEDDING, KIND_RERANKER, ModelInfo
+from quiver.common.model_info import KIND_CLASSIFIER, KIND_EMBEDDING, KIND_RERANKER, KIND_SPARSE, ModelInfo
 from quiver.common.protocol import TASK_CLASSIFY, TASK_EMBED, TASK_SCORE
 from quiver.frontend import metrics
 from quiver.frontend.admission import Admission
@@ -45,6 +45,15 @@ def _record_stages(route: str, timings: Timings) -> None:
     for stage, seconds in (("tokenization", timings.tokenization_s), ("queue", timings.queue_s),
                            ("inference", timings.inference_s)):
         metrics.STAGE_SECONDS.labels(route, stage).observe(seconds)
+
+
+# What each kind of model answers, for errors that refuse a route.
+ROUTES_BY_KIND = {
+    KIND_EMBEDDING: "/v1/embeddings, /embed and /score (cosine similarity)",
+    KIND_SPARSE: "/embed_sparse",
+    KIND_CLASSIFIER: "/predict (and /rerank, /v1/rerank and /score with one label)",
+    KIND_RERANKER: "/rerank, /v1/rerank and /score",
+}
 
 
 def describe(info: ModelInfo) -> str:
@@ -162,7 +171,8 @@ class Service:
         if self.info.kind != kind:
             wanted = "an embedding model" if kind == KIND_EMBEDDING else f"a {kind} model"
             raise APIError("wrong_model_kind",
-                           f"{route} needs {wanted}; this server runs {self.model_name}, {describe(self.info)}")
+                           f"{route} needs {wanted}; this server runs {self.model_name}, {describe(self.info)}, "
+                           f"which serves {ROUTES_BY_KIND[self.info.kind]}")
 
     def require_scorer(self, route: str) -> None:
         """Scoring needs one number per pair: a one-label cross-encoder or a reranker."""
@@ -170,7 +180,8 @@ class Service:
         if not (one_label or self.info.kind == KIND_RERANKER):
             raise APIError("wrong_model_kind",
                            f"{route} needs a scoring model (a cross-encoder with one label, or a reranker); "
-                           f"this server runs {self.model_name}, {describe(self.info)}")
+                           f"this server runs {self.model_name}, {describe(self.info)}, "
+                           f"which serves {ROUTES_BY_KIND[self.info.kind]}")
 
     def do_truncate(self, truncate: bool | None) -> bool:
         return self.settings.auto_truncate if truncate is None else truncate

@@ -26,7 +26,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-from quiver.common.model_info import tasks_for_kind
+from quiver.common.model_info import KIND_SPARSE, tasks_for_kind
 from quiver.common.protocol import Cancel, Chunk, Error, ErrorCode, Message, Result
 from quiver.worker import metrics
 from quiver.worker.engine.batch import Batch
@@ -97,6 +97,7 @@ class Scheduler:
                  max_batch_tokens: int, max_batch_seqs: int) -> None:
         self.engine = engine
         self.tasks = tasks_for_kind(engine.info.model.kind)
+        self.sparse_results = engine.info.model.kind == KIND_SPARSE  # SPLADE rows travel as their non-zeros
         self.send = send
         self.worker_name = worker_name
         self.max_batch_tokens = max_batch_tokens
@@ -274,9 +275,10 @@ class Scheduler:
     def _answer(self, job: ChunkJob) -> None:
         self._close(job)
         assert job.values is not None and job.started is not None
-        self.send(Result(chunk_id=job.chunk.chunk_id, num_seqs=job.chunk.num_seqs, dim=job.values.shape[1],
-                         queue_s=job.started - job.received, inference_s=job.inference_s,
-                         worker=self.worker_name, values=job.values))
+        result = Result(chunk_id=job.chunk.chunk_id, num_seqs=job.chunk.num_seqs, dim=job.values.shape[1],
+                        queue_s=job.started - job.received, inference_s=job.inference_s,
+                        worker=self.worker_name, values=job.values)
+        self.send(result.to_sparse() if self.sparse_results else result)
         metrics.CHUNKS.labels("ok").inc()
 
     def _close(self, job: ChunkJob) -> None:

@@ -161,12 +161,12 @@ def test_openai_client_with_dimensions_and_base64(quantizing):
 
 def test_info_names_the_encoding_formats(quantizing, cluster):
     info = httpx.get(quantizing.url + "/info", timeout=10).json()
-    assert info["encoding_formats"] == ["float", "base64", "int8", "binary", "ubinary"]
+    assert info["encoding_formats"] == ["float", "base64", "int8", "binary", "ubinary", "base64_int8", "base64_binary"]
     assert info["instruction_template"] is None
     assert httpx.get(cluster.url + "/info", timeout=10).json()["encoding_formats"] == ["float", "base64"]
 
 
-@pytest.mark.parametrize("encoding_format", ["int8", "binary", "ubinary"])
+@pytest.mark.parametrize("encoding_format", ["int8", "binary", "ubinary", "base64_int8", "base64_binary"])
 def test_float_models_refuse_quantized_formats(cluster, encoding_format):
     message = error(cluster, "/v1/embeddings", {"input": "x", "encoding_format": encoding_format}, 400)
     assert encoding_format in message and "quantized" in message

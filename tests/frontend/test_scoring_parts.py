@@ -3,6 +3,7 @@ encodings, score activations and ranking, request shapes, and pair / prompt toke
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -71,7 +72,10 @@ def test_int8_and_packed_bits():
     np.testing.assert_array_equal(packed_sign_bits(rows, signed=False), [expected])
     np.testing.assert_array_equal(packed_sign_bits(rows, signed=True), [[expected[0] - 128, 0]])
     assert encode_rows(rows, "ubinary") == [expected]
-    assert formats_for(QUANTIZER_TANH) == ("float", "base64", "int8", "binary", "ubinary")
+    assert base64.b64decode(encode_rows(rows, "base64_binary")[0]) == bytes(expected)  # Perplexity's names
+    assert base64.b64decode(encode_rows(rows, "base64_int8")[0]) == tanh_int8(rows)[0].tobytes()
+    assert formats_for(QUANTIZER_TANH) == ("float", "base64", "int8", "binary", "ubinary",
+                                           "base64_int8", "base64_binary")
     assert formats_for(None) == ("float", "base64")
 
 

@@ -2,7 +2,8 @@
 
 Post-norm transformer: learned absolute positions (RoBERTa's start at pad_token_id + 1), token types,
 LayerNorm, GELU. Embedders pool (cls / mean / lasttoken); *ForSequenceClassification checkpoints return
-the raw logits of their head: BERT's pooler + classifier, or RoBERTa's classifier.dense + out_proj.
+the raw logits of their head: BERT's pooler + classifier, or RoBERTa's classifier.dense + out_proj;
+*ForMaskedLM checkpoints are SPLADE models and return their vocabulary-wide sparse rows.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from quiver.common.model_info import KIND_CLASSIFIER, ModelInfo
+from quiver.common.model_info import KIND_CLASSIFIER, KIND_SPARSE, ModelInfo
 from quiver.worker.engine.inputs import StepTensors
 from quiver.worker.engine.layers.attention import AttentionContext, AttentionSpec, attention
 from quiver.worker.engine.layers.fused import ElementwiseOps
 from quiver.worker.engine.models.base import Weights, tensors_bytes
+from quiver.worker.engine.models.sparse import SpladeHead
 from quiver.worker.engine.pooling import pool
 
 ROBERTA_FAMILY = ("roberta", "xlm-roberta")
@@ -84,7 +86,11 @@ class BertEncoder:
         ]
 
         self.head: list[torch.Tensor] = []
-        if info.kind == KIND_CLASSIFIER:
+        self.splade: SpladeHead | None = None
+        if info.kind == KIND_SPARSE:
+            self.splade = SpladeHead(weights, self.word_table, self.hidden_act, self.eps)
+            self.output_dim = self.splade.vocab_size
+        elif info.kind == KIND_CLASSIFIER:
             if "classifier.out_proj.weight" in weights:
                 names = ["classifier.dense.weight", "classifier.dense.bias", "classifier.out_proj.weight"]
                 names.append("classifier.out_proj.bias")
@@ -97,7 +103,7 @@ class BertEncoder:
 
     def parameters_bytes(self) -> int:
         held = [self.word_table, self.position_table, self.type_table, self.embed_norm_weight]
-        held += [self.embed_norm_bias, *self.head]
+        held += [self.embed_norm_bias, *self.head, *(self.splade.tensors() if self.splade else [])]
         for layer in self.layers:
             held += layer.tensors()
         return tensors_bytes(held)
@@ -121,6 +127,8 @@ class BertEncoder:
             down = F.linear(up, layer.down_weight, layer.down_bias)
             x = ops.add_layer_norm(down, x, layer.mlp_norm_weight, layer.mlp_norm_bias, self.eps)
 
+        if self.splade is not None:
+            return self.splade(x, step, ops)
         if self.head:
             dense_weight, dense_bias, out_weight, out_bias = self.head
             first = x.index_select(0, step.first_index)

@@ -1,0 +1,77 @@
+"""Sparse embeddings: Text Embeddings Inference's POST /embed_sparse, for SPLADE models.
+
+A SPLADE model (*ForMaskedLM encoder) gives each input one weight per vocabulary entry, mostly zero.
+Workers ship only the non-zeros (see common.protocol.Result); the answer lists them per input as
+`[{index, value}]`, ascending by index, as Text Embeddings Inference does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from pydantic import Field, StrictStr
+from starlette.responses import Response
+
+from quiver.common.model_info import KIND_SPARSE
+from quiver.common.protocol import TASK_EMBED, Result
+from quiver.frontend import metrics
+from quiver.frontend.errors import APIError
+from quiver.frontend.http import Call, json_response
+from quiver.frontend.pipeline import Timings
+from quiver.frontend.schemas import INSTRUCTION_HELP, TRUNCATE_HELP, Direction, Inputs
+from quiver.frontend.schemas import Request as RequestModel
+from quiver.frontend.service import ROUTES_BY_KIND, Service, describe
+
+
+class SparseEmbedRequest(RequestModel):
+    """POST /embed_sparse, as Text Embeddings Inference."""
+
+    inputs: Inputs
+    truncate: bool | None = Field(None, description=TRUNCATE_HELP)
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
+    instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
+
+
+SPARSE_RESPONSE_SCHEMA = {"type": "array", "items": {"type": "array", "items": {
+    "type": "object", "properties": {"index": {"type": "integer"}, "value": {"type": "number"}},
+    "required": ["index", "value"]}}}
+
+def result_rows(result: Result) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(indices, values) of each row's non-zeros, from a sparse result or a dense one."""
+    if result.nnz is not None:
+        return result.sparse_rows()
+    return [(np.flatnonzero(row), row[row != 0]) for row in result.values]
+
+
+async def sparse_embed(service: Service, inputs: object, *, route: str, truncate: bool | None, direction: str,
+                       prompt_name: str | None, instruction: str | None,
+                       param: str) -> tuple[list[tuple[np.ndarray, np.ndarray]], int, Timings]:
+    """Each input's non-zero weights (indices ascending), its token count, and the stage timings."""
+    timings = Timings(started=time.monotonic())
+    if service.info.kind != KIND_SPARSE:
+        raise APIError("wrong_model_kind",
+                       f"{route} needs a sparse model (SPLADE); this server runs {service.model_name}, "
+                       f"{describe(service.info)}, which serves {ROUTES_BY_KIND[service.info.kind]}")
+    seqs = await service.tokenize(inputs, truncate, direction, prompt_name, param, timings, instruction)
+    metrics.INPUT_TOKENS.labels(route).observe(seqs.num_tokens)
+    metrics.INPUTS.labels(route).observe(seqs.num_seqs)
+    results = await service.pipeline.run_results(seqs, TASK_EMBED, False, timings)
+    for stage, seconds in (("tokenization", timings.tokenization_s), ("queue", timings.queue_s),
+                           ("inference", timings.inference_s)):
+        metrics.STAGE_SECONDS.labels(route, stage).observe(seconds)
+    return [row for result in results for row in result_rows(result)], seqs.num_tokens, timings
+
+
+def as_index_values(indices: np.ndarray, values: np.ndarray) -> list[dict[str, Any]]:
+    return [{"index": i, "value": v} for i, v in zip(indices.tolist(), values.tolist())]
+
+
+async def tei_embed_sparse(call: Call) -> Response:
+    req: SparseEmbedRequest = call.body
+    rows, _, timings = await sparse_embed(
+        call.service, req.inputs, route=call.spec.path, truncate=req.truncate, direction=req.truncation_direction,
+        prompt_name=req.prompt_name, instruction=req.instruction, param="inputs")
+    return json_response([as_index_values(indices, values) for indices, values in rows], headers=timings.headers())

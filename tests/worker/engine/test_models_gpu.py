@@ -1,0 +1,58 @@
+"""GPU tests (skipped without CUDA): the published pplx-embed and SPLADE layouts at real widths, served in
+bf16 with CUDA graphs, against the same checkpoints in float32 on the same GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quiver.worker.engine import Batch, load_engine
+from tests.worker.engine.published import pplx_embed, splade
+
+pytestmark = pytest.mark.gpu
+
+PPLX_0_6B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, max_position_embeddings=32768, vocab_size=151936)
+BERT_BASE = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                 max_position_embeddings=512, vocab_size=30522)
+
+
+def _rows(path: Path, dtype: str, lengths: list[int], vocab: int, repeats: int = 2) -> np.ndarray:
+    """The engine's rows for random sequences of `lengths`, stepped `repeats` times (graphs replay after the first)."""
+    engine = load_engine(path, device="cuda", dtype=dtype)
+    rng = np.random.default_rng(0)
+    sequences = [rng.integers(5, vocab, size=n, dtype=np.int32) for n in lengths]
+    batch = Batch(input_ids=np.concatenate(sequences), seq_lens=np.array(lengths, dtype=np.int32))
+    rows = None
+    for _ in range(repeats):
+        lazy = engine.step(batch)
+        rows = lazy.wait().copy()
+        lazy.release()
+    assert rows is not None
+    return rows
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def test_pplx_embed_bf16_against_float32(tmp_path: Path) -> None:
+    path = pplx_embed(tmp_path, PPLX_0_6B)
+    lengths = [128, 512, 4096, 7]
+    bf16 = _rows(path, "bfloat16", lengths, PPLX_0_6B["vocab_size"])
+    fp32 = _rows(path, "float32", lengths, PPLX_0_6B["vocab_size"])
+    assert _cosines(bf16, fp32).min() >= 0.999  # the design's gate: 0.1 % cosine divergence
+
+
+def test_splade_bf16_against_float32(tmp_path: Path) -> None:
+    path = splade(tmp_path, BERT_BASE)
+    lengths = [16, 128, 512, 64]
+    bf16 = _rows(path, "bfloat16", lengths, BERT_BASE["vocab_size"])
+    fp32 = _rows(path, "float32", lengths, BERT_BASE["vocab_size"])
+    assert bf16.shape == (len(lengths), BERT_BASE["vocab_size"])
+    assert _cosines(bf16, fp32).min() >= 0.999
+    for low, high in zip(bf16, fp32):  # the strongest terms agree
+        top = set(np.argsort(high)[-50:])
+        assert len(top & set(np.argsort(low)[-50:])) >= 45
