@@ -78,9 +78,13 @@ def test_serve_runs_restarts_a_crashed_worker_and_stops_cleanly():
         assert workers[0] not in new_workers and len(new_workers) == 2
         assert httpx.post(url + "/embed", json={"inputs": "after the crash"}, timeout=30).status_code == 200
 
-        every_child = list(children_of(proc.pid))
+        every_child = children_of(proc.pid)
+        broker = next(cmdline for cmdline in every_child.values() if " broker " in cmdline)
+        runtime_dir = Path(option_value(broker, "--frontend-endpoint").removeprefix("ipc://")).parent
+        assert runtime_dir.stat().st_mode & 0o077 == 0  # the broker's sockets are this serve's alone
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, log_path.read_text()
+        assert not runtime_dir.exists()
         for pid in every_child:
             assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text(), pid
         assert "all processes stopped" in log_path.read_text()
