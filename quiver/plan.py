@@ -10,11 +10,13 @@ child whose settings have them: never on a command line, where `ps` shows them.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
 import socket
 import sys
+import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -98,21 +100,51 @@ def worker_devices(spec: str, workers: int, gpus: int) -> list[str]:
     return [f"cuda:{i}" for i in indices[:workers or len(indices)]]
 
 
+# Lock files (held open, flock'ed, for this process's lifetime) by which each `serve` claims the
+# default ports it hands out: a child binds its port only a second or two after the probe below, and
+# another `serve` starting in that moment must not pick the same one.
+_claimed_ports: dict[int, int] = {}
+
+
+def _claim(port: int) -> bool:
+    path = os.path.join(tempfile.gettempdir(), f"quiver-serve-port-{port}.lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _claimed_ports[port] = fd
+    return True
+
+
+def _can_bind(host: str, port: int) -> int:
+    """The port bound (a free one for 0), or 0 when it cannot be."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return 0
+        return int(probe.getsockname()[1])
+
+
 def pick_port(preferred: int, host: str, what: str) -> int:
-    """`preferred` when it can be bound on `host`, else a free port (logged); 0 stays 0 (none)."""
+    """`preferred` when no other `serve` claimed it and it can be bound on `host`, else a free port
+    (logged); 0 stays 0 (none)."""
     if preferred <= 0:
         return 0
-    for port in (preferred, 0):
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-            try:
-                probe.bind((host, port))
-            except OSError:
-                continue
-            chosen = probe.getsockname()[1]
-        if chosen != preferred:
-            log.warning("port %d for %s is taken; using %d", preferred, what, chosen)
-        return chosen
-    raise ServeError(f"cannot bind any port on {host} for {what}", EXIT_MODEL_ERROR)
+    if preferred in _claimed_ports or _claim(preferred):
+        if _can_bind(host, preferred):
+            return preferred
+        os.close(_claimed_ports.pop(preferred))
+    chosen = _can_bind(host, 0)
+    if not chosen:
+        raise ServeError(f"cannot bind any port on {host} for {what}", EXIT_MODEL_ERROR)
+    log.warning("port %d for %s is taken; using %d", preferred, what, chosen)
+    return chosen
 
 
 def _role_values(settings: ServeSettings, role_type: type, decided: dict[str, Any]) -> dict[str, Any]:

@@ -157,18 +157,18 @@ class Supervisor:
 
     def run(self) -> int:
         try:
-            specs = self._plan()
-        except ServeError as exc:
-            log.error("cannot serve: %s", exc)
-            return exc.exit_code
-        except ModelError as exc:
-            log.error("cannot serve: %s", exc)
-            return EXIT_MODEL_ERROR
-        assert self.runtime_dir is not None
-        self.children = [Child(spec, self.runtime_dir / f"notify-{i}.sock") for i, spec in enumerate(specs)]
-        signal.signal(signal.SIGINT, self._request_stop)
-        signal.signal(signal.SIGTERM, self._request_stop)
-        try:
+            try:
+                specs = self._plan()
+            except ServeError as exc:
+                log.error("cannot serve: %s", exc)
+                return exc.exit_code
+            except ModelError as exc:
+                log.error("cannot serve: %s", exc)
+                return EXIT_MODEL_ERROR
+            assert self.runtime_dir is not None
+            self.children = [Child(spec, self.runtime_dir / f"notify-{i}.sock") for i, spec in enumerate(specs)]
+            signal.signal(signal.SIGINT, self._request_stop)
+            signal.signal(signal.SIGTERM, self._request_stop)
             broker, rest = self.children[0], self.children[1:]
             broker.start()
             failed = self._start_up([broker])

@@ -45,7 +45,7 @@ def test_make_serve_installs_only_what_serving_needs_and_shows_progress(tmp_path
         assert "-q" not in args and "--quiet" not in args
         assert not any("[test]" in arg or "bench" in arg for arg in args), args
     assert any(args == ["-e", "."] for args in installs), installs
-    assert any("first start" in line for line in commands)
+    assert any("/health answers 200 (about" in line for line in commands), "says how long the first start takes"
     assert commands[-1].split()[-2:] == ["quiver", "serve"] or "quiver serve" in commands[-1]
 
 
