@@ -106,7 +106,7 @@ def predict_inputs(inputs: str | list[str | list[str]]) -> tuple[list[TextInput]
     if isinstance(inputs, str):
         return [inputs], False
     if len(inputs) == 2 and all(isinstance(item, str) for item in inputs):
-        return [(inputs[0], inputs[1])], False  # type: ignore[list-item]
+        return [(inputs[0], inputs[1])], False
     items: list[TextInput] = []
     for index, item in enumerate(inputs):
         if isinstance(item, str):

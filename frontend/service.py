@@ -63,10 +63,10 @@ def as_input_list(inputs: object) -> tuple[list[str] | None, list[list[int]] | N
     if not inputs:
         return [], None
     if isinstance(inputs[0], str):
-        return inputs, None  # type: ignore[return-value]
+        return inputs, None
     if isinstance(inputs[0], int):
-        return None, [inputs]  # type: ignore[list-item]
-    return None, inputs  # type: ignore[return-value]
+        return None, [inputs]
+    return None, inputs
 
 
 def served_names(option: str) -> list[str]:
@@ -187,7 +187,7 @@ class Service:
                 texts = [prefix + text for text in texts]
             seqs = await self.tokenizer.encode(texts, self.do_truncate(truncate), direction, param)
         else:
-            seqs = self.tokenizer.check_ids(ids, self.do_truncate(truncate), direction, param)  # type: ignore[arg-type]
+            seqs = await self.tokenizer.ids(ids, self.do_truncate(truncate), direction, param)
         timings.tokenization_s = time.monotonic() - started
         return seqs
 

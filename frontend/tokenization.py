@@ -61,7 +61,10 @@ def _normalise_direction(direction: str) -> str:
     return direction.lower()
 
 
-def _cut(ids: list[int] | np.ndarray, limit: int, direction: str) -> list[int] | np.ndarray:
+Ids = TypeVar("Ids", list[int], np.ndarray)
+
+
+def _cut(ids: Ids, limit: int, direction: str) -> Ids:
     """The first (direction right) or last (left) `limit` items."""
     limit = max(limit, 0)
     return ids[:limit] if _normalise_direction(direction) == "right" else ids[len(ids) - limit:]
@@ -137,6 +140,11 @@ class TextTokenizer:
             f"shorten it or set truncate to true",
             param=param,
         )
+
+    async def ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> Sequences:
+        """check_ids, on the pool when the request holds many ids."""
+        return await self._off_loop(sum(len(seq) for seq in seqs),
+                                    lambda: self.check_ids(seqs, truncate, direction, param))
 
     def check_ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> Sequences:
         """Token-id inputs, taken as they are (no special tokens added), checked and truncated."""
