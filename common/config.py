@@ -120,7 +120,8 @@ class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     header_timeout_s: float = option(10.0, "a connection's request line and headers must arrive within this")
     body_timeout_s: float = option(60.0, "a request's body must arrive within this after its headers (408)")
     keep_alive_timeout_s: float = option(5.0, "an idle keep-alive connection is closed after this")
-    max_connections: int = option(1024, "open HTTP connections per process; more are closed at once")
+    max_connections: int = option(512, "open HTTP connections per process; more are closed at once (kept "
+                                       "under the usual 1,024 open-file limit)")
     max_header_bytes: int = option(65536, "bytes of request line and headers before a connection is closed")
 
 

@@ -36,7 +36,7 @@ class HeadersTooLarge(Exception):
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     header_timeout_s = 10.0
     max_header_bytes = 65536
-    max_connections = 1024
+    max_connections = 512
 
     @classmethod
     def configure(cls, settings: FrontendSettings) -> None:

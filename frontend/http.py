@@ -33,6 +33,9 @@ log = logging.getLogger("quiver.frontend")
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left first; never reaches the client
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
+# Bodies larger than this are parsed and validated on the tokenization pool, off the event loop
+# (orjson and pydantic take tens of milliseconds over a few megabytes).
+PARSE_ON_POOL_BYTES = 256 * 1024
 JSON_MEDIA_TYPE = "application/json"
 
 
@@ -141,6 +144,18 @@ def parse(model: type[BaseModel], body: Any, style: str) -> Any:
         raise APIError("invalid_request" if style == OPENAI else "validation", message, param=where) from exc
 
 
+def parse_body(spec: RouteSpec, raw: bytes | bytearray) -> Any:
+    """The body as JSON, validated against the route's request model when it has one."""
+    body = parse_json(raw)
+    return parse(spec.request, body, spec.style) if spec.request is not None else body
+
+
+async def _on_pool_if_large(service: Service, size: int, work: Callable[[], Any]) -> Any:
+    if size > PARSE_ON_POOL_BYTES:
+        return await asyncio.get_running_loop().run_in_executor(service.tokenizer.pool, work)
+    return work()
+
+
 def authorized(request: Request, api_key: str) -> bool:
     if not api_key:
         return True
@@ -218,9 +233,7 @@ def endpoint(spec: RouteSpec, service: Service, settings: FrontendSettings) -> C
                                    f"the request body did not arrive within {settings.body_timeout_s:g} s") from None
                 if ticket is None:
                     ticket = service.admission.reserve(estimated_tokens(len(raw)), estimated=True)
-                body = parse_json(raw)
-                if spec.request is not None:
-                    body = parse(spec.request, body, spec.style)
+                body = await _on_pool_if_large(service, len(raw), lambda: parse_body(spec, raw))
             CURRENT_TICKET.set(ticket)
             response = await _unless_disconnected(spec.handler, Call(service, request, body, spec),
                                                   watch=ticket is not None)

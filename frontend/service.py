@@ -198,7 +198,7 @@ class Service:
                 texts = [prefix + text for text in texts]
             seqs = await self.tokenizer.encode(texts, self.do_truncate(truncate), direction, param)
         else:
-            seqs = self.tokenizer.check_ids(ids, self.do_truncate(truncate), direction, param)
+            seqs = await self.tokenizer.ids(ids, self.do_truncate(truncate), direction, param)
         timings.tokenization_s = time.monotonic() - started
         return seqs
 

@@ -139,6 +139,11 @@ class TextTokenizer:
             param=param,
         )
 
+    async def ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> Sequences:
+        """check_ids, on the pool when the request holds many ids."""
+        return await self._off_loop(sum(len(seq) for seq in seqs),
+                                    lambda: self.check_ids(seqs, truncate, direction, param))
+
     def check_ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> Sequences:
         """Token-id inputs, taken as they are (no special tokens added), checked and truncated."""
         vocab = self.info.vocab_size
