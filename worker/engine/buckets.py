@@ -131,7 +131,7 @@ def graph_shapes(limits: GraphLimits) -> list[StepShape]:
         return []
     shapes: list[StepShape] = []
     for bucket in token_buckets(limits.max_tokens):
-        if bucket <= limits.length_cap:
+        if bucket <= limits.max_row_len:
             shapes.append(StepShape(1, bucket, bucket, bucket, True))
         fewer_rows = 0
         for rows in row_classes(bucket, limits):
@@ -144,9 +144,10 @@ def graph_shapes(limits: GraphLimits) -> list[StepShape]:
     return shapes
 
 
-def example_lens(shape: StepShape) -> list[int]:
-    """Row lengths of a batch that fills a graph shape exactly (for capturing it): rows of max_seqlen."""
-    full, rest = divmod(shape.num_tokens, shape.max_seqlen)
-    lens = [shape.max_seqlen] * full + ([rest] if rest else [])
-    assert len(lens) <= shape.num_seqs, shape
-    return lens
+def example_lens(shape: StepShape, max_row_len: int) -> list[int]:
+    """Row lengths of a batch for capturing a graph shape: rows as long as the shape and the model allow,
+    filling it; where real rows cannot (a class reached only with the dummy row), padding fills the rest."""
+    row = min(shape.max_seqlen, max_row_len)
+    full, rest = divmod(shape.num_tokens, row)
+    lens = [row] * full + ([rest] if rest else [])
+    return lens if len(lens) <= shape.num_seqs else lens[: shape.num_seqs - 1]
