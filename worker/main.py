@@ -29,6 +29,11 @@ from quiver.worker.scheduler import Scheduler
 
 log = logging.getLogger("quiver.worker")
 
+# What the worker asks the broker to keep in flight to it, in full steps: the step on the device and the
+# next one, gathered while it runs (scheduler.py). Fewer leaves the device idle between steps; more only
+# queues chunks here that another worker could have started.
+QUEUED_STEPS = 2
+
 
 def run_worker(settings: WorkerSettings) -> int:
     from quiver.worker.engine import load_engine  # torch is imported here, after the options are parsed
@@ -64,7 +69,7 @@ def run_worker(settings: WorkerSettings) -> int:
 
     ready = Ready(
         version=PROTOCOL_VERSION, name=name, model=info.model.name, device=info.device,
-        capacity_tokens=2 * info.max_batch_tokens, max_seqs=4 * info.max_batch_seqs,
+        capacity_tokens=QUEUED_STEPS * info.max_batch_tokens, max_seqs=QUEUED_STEPS * info.max_batch_seqs,
         tasks=tasks_for_kind(info.model.kind), pid=os.getpid(),
     )
     ctx = zmq.Context()
