@@ -239,8 +239,39 @@ def starlette_round_trip(requests: int, tokens: int, dim: int) -> tuple[float, f
         process.wait(10)
 
 
-def quiver_overhead(args: argparse.Namespace, lengths: list[int], vocab: int) -> dict[int, dict[str, float]]:
-    """Per length: client p50/p99 µs and the overhead (client - x-inference-time) p50/p99 µs."""
+IDLE_SETTLE_S = 2.0  # after /health answers, let every process finish its start-up work
+
+
+def _process_tree(pid: int) -> dict[int, str]:
+    """pid -> command line of pid and all its descendants (Linux /proc)."""
+    tree, pending = {}, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            tree[current] = open(f"/proc/{current}/cmdline", "rb").read().replace(b"\0", b" ").decode()[:80]
+            for task in os.listdir(f"/proc/{current}/task"):
+                pending += [int(c) for c in open(f"/proc/{current}/task/{task}/children").read().split()]
+        except OSError:
+            continue
+    return tree
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def idle_cpu(pid: int, seconds: float) -> dict[str, float]:
+    """Share of one core each process of `quiver serve` burns while no request comes."""
+    tree = _process_tree(pid)
+    before = {p: _cpu_seconds(p) for p in tree}
+    time.sleep(seconds)
+    return {f"{p} {tree[p]}": round((_cpu_seconds(p) - before[p]) / seconds, 3) for p in before}
+
+
+def quiver_overhead(args: argparse.Namespace, lengths: list[int], vocab: int) -> dict[str, Any]:
+    """Idle CPU of each process, then per length: client p50/p99 µs and the overhead (client -
+    x-inference-time) p50/p99 µs."""
     port = _free_port()
     command = [sys.executable, "-m", "quiver", "serve", "--port", str(port), "--device", args.device]
     if args.model:
@@ -248,12 +279,13 @@ def quiver_overhead(args: argparse.Namespace, lengths: list[int], vocab: int) ->
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_http(port, "/health", args.startup_timeout_s, process)
-        out = {}
+        time.sleep(IDLE_SETTLE_S)
+        out: dict[str, Any] = {"idle_cpu": idle_cpu(process.pid, args.idle_s)}
         for length in lengths:
             client, inference = _post_times(port, "/v1/embeddings", _token_body(length, vocab), args.requests)
             client_p50, client_p99 = _percentiles(client)
             overhead_p50, overhead_p99 = _percentiles([c - i for c, i in zip(client, inference)])
-            out[length] = {"client_p50": client_p50, "client_p99": client_p99,
+            out[str(length)] = {"client_p50": client_p50, "client_p99": client_p99,
                            "overhead_p50": overhead_p50, "overhead_p99": overhead_p99}
         return out
     finally:
@@ -276,7 +308,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     floor_p50 = rows["pyzmq client -> broker -> worker (none hand-off), blocking"][0] + \
         rows["Starlette on uvicorn, bare POST"][0]
     quiver = quiver_overhead(args, lengths, info.vocab_size)
-    return {"floor_rows": rows, "floor_p50": round(floor_p50, 1), "quiver": quiver}
+    idle = quiver.pop("idle_cpu")
+    return {"floor_rows": rows, "floor_p50": round(floor_p50, 1), "quiver": quiver, "idle_cpu": idle}
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -292,6 +325,11 @@ def print_table(result: dict[str, Any]) -> None:
         ratio = row["overhead_p50"] / result["floor_p50"]
         print(f"| {length} | {row['client_p50']} / {row['client_p99']} | {row['overhead_p50']} / "
               f"{row['overhead_p99']} | {ratio:.2f} |")
+    print()
+    print("| process of `quiver serve`, idle | CPU (cores) |")
+    print("| --- | --- |")
+    for process, cores in result["idle_cpu"].items():
+        print(f"| {process} | {cores} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", default="128,512,4096", type=lambda t: [int(x) for x in t.split(",")])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--startup-timeout-s", type=float, default=420.0)
+    parser.add_argument("--idle-s", type=float, default=3.0, help="seconds over which idle CPU is measured")
     parser.add_argument("--json", default="", help="also write the figures here")
     args = parser.parse_args(argv)
     if args.quick:

@@ -23,6 +23,8 @@ def test_floor_quick_prints_the_floor_and_quivers_overhead(tmp_path: Path) -> No
     assert list(result["quiver"]) == ["128"]
     row = result["quiver"]["128"]
     assert 0 < row["overhead_p50"] <= row["client_p50"] and row["client_p50"] <= row["client_p99"]
+    assert len(result["idle_cpu"]) >= 4  # the supervisor, broker, worker and frontend at least
+    assert all(0 <= cores for cores in result["idle_cpu"].values())
     table = done.stdout
     assert "| floor: pyzmq blocking (no hand-off) + Starlette |" in table
     assert table.count("\n| 128 |") == 1 and "overhead / floor" in table
