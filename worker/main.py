@@ -55,6 +55,7 @@ def run_worker(settings: WorkerSettings) -> int:
             model_dir, device=settings.device, dtype=settings.dtype or None,
             max_batch_tokens=settings.max_batch_tokens or None, max_batch_seqs=settings.max_batch_seqs or None,
             gpu_memory_fraction=settings.gpu_memory_fraction or None, cuda_graphs=settings.cuda_graphs,
+            **({"graph_max_tokens": settings.graph_max_tokens} if settings.graph_max_tokens else {}),
         )
     except (ModelError, OSError, ValueError, KeyError, RuntimeError) as exc:
         log.error("worker %s cannot load the model from %s on %s: %s", name, model_dir, settings.device, exc)
