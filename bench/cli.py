@@ -32,3 +32,16 @@ def run(args: argparse.Namespace) -> int:
     from quiver.bench.suite import run_suite
 
     return run_suite(config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m quiver.bench.cli ...`: the same command where the quiver-bench distribution is not
+    installed (a source tree on PYTHONPATH, as on a GPU machine), so `quiver bench` has no entry point."""
+    parser = argparse.ArgumentParser(prog="quiver")
+    add_bench_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -76,7 +76,7 @@ for name in "${names[@]}"; do
   if healthy_within "$server" 420; then
     echo "server up after $((SECONDS - started)) s" | tee -a "$log"
     # shellcheck disable=SC2086
-    logged $PY -m quiver bench --url "http://127.0.0.1:$PORT" --model "$ckpt" --baseline-device "$DEVICE" \
+    logged $PY -m quiver.bench.cli --url "http://127.0.0.1:$PORT" --model "$ckpt" --baseline-device "$DEVICE" \
       --baseline-time-limit-s 5 --out "$result" --label "$name, $hardware" --no-progress ${BENCH_ARGS:-} \
       || status=1
   else

@@ -85,6 +85,8 @@ class WorkerSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     name: str = option("", "name in logs and metrics (default: the device)")
     gpu_memory_fraction: float = option(0.0, "share of GPU memory the worker may use (0: the engine's default)")
     cuda_graphs: bool = option(True, "capture CUDA graphs per batch shape")
+    graph_max_tokens: int = option(0, "largest padded batch run from a CUDA graph, all captured at start-up; "
+                                      "larger ones run eagerly (0: the engine's default, 8192)")
     watchdog_s: float = option(30.0, "a forward pass stuck this long makes the worker leave and exit (0: never)")
     busy_poll_us: int = option(0, "after a message, poll without sleeping for this long (lower latency, more CPU)")
     cluster_secret_file: str = option("", "file holding the broker's cluster secret (or set QUIVER_CLUSTER_SECRET)")

@@ -31,6 +31,11 @@ from quiver.worker.scheduler import Scheduler
 
 log = logging.getLogger("quiver.worker")
 
+# What the worker asks the broker to keep in flight to it, in full steps: the step on the device and the
+# next one, gathered while it runs (scheduler.py). Fewer leaves the device idle between steps; more only
+# queues chunks here that another worker could have started.
+QUEUED_STEPS = 2
+
 
 def run_worker(settings: WorkerSettings) -> int:
     from quiver.worker.engine import load_engine  # torch is imported here, after the options are parsed
@@ -57,6 +62,7 @@ def run_worker(settings: WorkerSettings) -> int:
             model_dir, device=settings.device, dtype=settings.dtype or None,
             max_batch_tokens=settings.max_batch_tokens or None, max_batch_seqs=settings.max_batch_seqs or None,
             gpu_memory_fraction=settings.gpu_memory_fraction or None, cuda_graphs=settings.cuda_graphs,
+            **({"graph_max_tokens": settings.graph_max_tokens} if settings.graph_max_tokens else {}),
         )
     except Exception as exc:  # any failure here (a truncated file, no CUDA in torch, ...): retrying won't help
         log.error("worker %s cannot load the model from %s on %s: %s: %s", name, model_dir, settings.device,
@@ -72,7 +78,7 @@ def run_worker(settings: WorkerSettings) -> int:
 
     ready = Ready(
         version=PROTOCOL_VERSION, name=name, model=info.model.name, device=info.device,
-        capacity_tokens=2 * info.max_batch_tokens, output_dim=info.output_dim, secret=secret,
+        capacity_tokens=QUEUED_STEPS * info.max_batch_tokens, output_dim=info.output_dim, secret=secret,
         fingerprint=model_fingerprint(model_dir),
         tasks=tasks_for_kind(info.model.kind), pid=os.getpid(),
     )

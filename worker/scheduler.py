@@ -1,10 +1,9 @@
 """First-come-first-served scheduling of sequences into steps under a token budget, shaped for the tail.
 
-Chunks arrive whole and wait in arrival order. Each step takes sequences up to the token budget and the
-sequence cap (a single sequence longer than the budget runs alone): first from chunks that have not run
-yet, in arrival order, then the rest of chunks that already had a step. So a request arriving while a
-long one is being worked through waits at most for the step in flight, and the long one goes on with
-what is left of the budget.
+Chunks arrive whole and wait in arrival order. Each step takes sequences in queue order up to the token
+budget and the sequence cap (a single sequence longer than the budget runs alone). A chunk that still has
+sequences left after a step goes to the back of the queue (round robin), so a request arriving while a
+long one is being worked through is held by at most one step of it, and the long one is never starved.
 
 One step runs on the device at a time. While it runs the scheduler does the CPU side of the step before
 (scatter the rows, answer finished chunks) and collects arrivals; it waits on the running step's event and
@@ -150,14 +149,12 @@ class Scheduler:
 
     # batching ----------------------------------------------------------------------------------
     def next_batch(self) -> tuple[Batch, list[SequenceRef]] | None:
-        """Take sequences up to the budgets, chunks that have not run yet first; None when nothing waits."""
+        """Take sequences up to the budgets in queue order; None when nothing waits."""
         refs: list[SequenceRef] = []
         tokens = 0
         now = time.monotonic()
-        fresh = [job for job in self.waiting if job.started is None]
-        continuing = [job for job in self.waiting if job.started is not None]
         full = False
-        for job in fresh + continuing:
+        for job in self.waiting:
             if full:
                 break
             if job.closed:
@@ -176,8 +173,13 @@ class Scheduler:
                 job.next_row += 1
                 if job.started is None:
                     job.started = now
+        # Round robin: a chunk that had rows in this step and still has more goes behind every chunk
+        # waiting now, so it holds later arrivals for one step at most and is itself never passed over
+        # for more than the chunks that arrived before its turn came round.
+        taken = {id(ref.job) for ref in refs}
+        left = [job for job in self.waiting if not job.closed and job.next_row < job.chunk.num_seqs]
         self.waiting = collections.deque(
-            job for job in self.waiting if not job.closed and job.next_row < job.chunk.num_seqs)
+            [job for job in left if id(job) not in taken] + [job for job in left if id(job) in taken])
         self.waiting_seqs = sum(job.chunk.num_seqs - job.next_row for job in self.waiting)
         if not refs:
             return None

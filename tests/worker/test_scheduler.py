@@ -54,7 +54,7 @@ def test_a_step_takes_sequences_in_order_up_to_the_token_budget_and_the_sequence
     batch, refs = scheduler.next_batch() or (None, [])
     assert batch is not None and batch.seq_lens.tolist() == [40, 40]  # a third 40 would exceed 100 tokens
     assert [(ref.job.chunk.chunk_id, ref.row) for ref in refs] == [("a", 0), ("a", 1)]
-    # "b" has not run yet, so it goes before the rest of "a": a long request holds short ones one step at most
+    # the rest of "a" goes behind "b" (round robin): a long request holds later ones for one step at most
     batch, refs = scheduler.next_batch() or (None, [])
     assert [(ref.job.chunk.chunk_id, ref.row) for ref in refs] == [("b", 0), ("b", 1), ("b", 2)]  # cap of 3
     batch, refs = scheduler.next_batch() or (None, [])

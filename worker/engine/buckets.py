@@ -15,11 +15,12 @@ beyond a row's end still launch. With the row cap (257) and max_seqlen = bucket,
 took 0.62 ms per attention call instead of 0.39, eight 512-token rows in a 4096 bucket 0.23 instead of
 0.06 (H200, Qwen3-0.6B heads, bench/engine/varlen_bound.py); over 28 layers that is 6.5 and 4.6 ms per
 step. The classes keep the waste within a factor of four in rows and in length while the key space stays
-bounded: graph_shapes() lists every shape plan_shape() can return (352 for the pplx-embed / Qwen3-0.6B
-shape with graphs up to 8192 tokens; 129 for all-MiniLM-L6-v2, whose rows stop at 512 tokens), plus
-one exact-length single-row ("dense") shape per bucket, where cuDNN attention runs about twice as fast
-as varlen (0.21 against 0.39 ms at 4096 tokens). Batches above graph_max_tokens run eagerly: they take
-tens of milliseconds on the GPU, so launching their kernels one by one costs little.
+bounded: graph_shapes() lists every shape plan_shape() can return, plus one exact-length single-row
+("dense") shape per bucket, where cuDNN attention runs about twice as fast as varlen (0.21 against
+0.39 ms at 4096 tokens): 396 graphs for the pplx-embed / Qwen3-0.6B shape with graphs up to 8192 tokens
+(352 + 44 dense; captured in 18.5 s on an H200), 182 for all-MiniLM-L6-v2 (174 + 8; its rows stop at
+512). Batches above graph_max_tokens run eagerly: they take tens of milliseconds on the GPU, so
+launching their kernels one by one costs little.
 
 Padding tokens form one extra dummy row (all at position 0) so that every token of the padded batch
 belongs to a row; the dummy is shorter than LARGE_TOKEN_STEP, so it never raises the length class.
@@ -131,7 +132,7 @@ def graph_shapes(limits: GraphLimits) -> list[StepShape]:
         return []
     shapes: list[StepShape] = []
     for bucket in token_buckets(limits.max_tokens):
-        if bucket <= limits.length_cap:
+        if bucket <= limits.max_row_len:
             shapes.append(StepShape(1, bucket, bucket, bucket, True))
         fewer_rows = 0
         for rows in row_classes(bucket, limits):
@@ -144,9 +145,10 @@ def graph_shapes(limits: GraphLimits) -> list[StepShape]:
     return shapes
 
 
-def example_lens(shape: StepShape) -> list[int]:
-    """Row lengths of a batch that fills a graph shape exactly (for capturing it): rows of max_seqlen."""
-    full, rest = divmod(shape.num_tokens, shape.max_seqlen)
-    lens = [shape.max_seqlen] * full + ([rest] if rest else [])
-    assert len(lens) <= shape.num_seqs, shape
-    return lens
+def example_lens(shape: StepShape, max_row_len: int) -> list[int]:
+    """Row lengths of a batch for capturing a graph shape: rows as long as the shape and the model allow,
+    filling it; where real rows cannot (a class reached only with the dummy row), padding fills the rest."""
+    row = min(shape.max_seqlen, max_row_len)
+    full, rest = divmod(shape.num_tokens, row)
+    lens = [row] * full + ([rest] if rest else [])
+    return lens if len(lens) <= shape.num_seqs else lens[: shape.num_seqs - 1]

@@ -117,8 +117,9 @@ class Engine:
 
     def capture_graph(self, shape: StepShape) -> bool:
         """Capture one graph shape (start-up only: it runs the model twice); False if it could not be."""
-        batch = synthetic_batch(shape.num_tokens, shape.max_seqlen, self.info.model.vocab_size)
-        assert batch.seq_lens.tolist() == example_lens(shape)
+        lens = np.array(example_lens(shape, self.info.model.max_input_length), dtype=np.int32)
+        ids = np.random.default_rng(0).integers(3, self.info.model.vocab_size, size=int(lens.sum()), dtype=np.int32)
+        batch = Batch(input_ids=ids, seq_lens=lens)
         with torch.inference_mode(), torch.cuda.stream(self.stream):
             tensors = self.upload(batch, shape)
             return self.runner.capture(shape, lambda: self.forward_step(shape, tensors))

@@ -66,10 +66,6 @@ class LazyTensor:
     def shape(self) -> tuple[int, ...]:
         return tuple(self._rows.shape)
 
-    def ready(self) -> bool:
-        """True once the result has landed in host memory (never blocks)."""
-        return self._event is None or self._event.query()
-
     def wait(self, copy: bool = True) -> np.ndarray:
         """Block until the result is in host memory and return it.
 

@@ -67,9 +67,15 @@ def test_graph_set_is_bounded_and_each_shape_has_a_filling_batch() -> None:
     assert len(shapes) == 396  # 352 ragged + 44 single-row dense: the count the README states
     assert len(graph_shapes(GraphLimits(8192, 257, 512))) == 182  # all-MiniLM-L6-v2 (rows of up to 512)
     for shape in shapes:
-        lens = example_lens(shape)
+        lens = example_lens(shape, PPLX_LIMITS.max_row_len)
         assert sum(lens) == shape.num_tokens and len(lens) <= shape.num_seqs and max(lens) <= shape.max_seqlen
         assert plan_shape(np.array(lens), PPLX_LIMITS).num_tokens == shape.num_tokens
+    short_rows = GraphLimits(1024, 17, 128)  # a model of 128 positions: no row may be longer, padding fills
+    for shape in graph_shapes(short_rows):
+        lens = example_lens(shape, 128)
+        assert max(lens) <= 128 and sum(lens) <= shape.num_tokens
+        assert len(lens) + (1 if sum(lens) < shape.num_tokens else 0) <= shape.num_seqs
+        assert shape.dense_len <= 128
     assert graph_shapes(NO_GRAPHS) == []
 
 

@@ -1,0 +1,364 @@
+"""The floor of Quiver's batch-1 path on this host, and how far above it Quiver runs (issue 19).
+
+In one run, sequential requests through:
+  (a) raw pyzmq: a client DEALER -> a broker process (two ROUTERs, forwarding frames unopened) -> a worker
+      process (DEALER) and back, with Quiver's own socket setup and message frames (a Chunk of token ids
+      out, a Result of one float32 row back), polling blocking and spinning; and the worker handing each
+      chunk to a second thread and back, through queue.Queue (as the worker does today) or an inproc PAIR;
+  (b) a bare Starlette app on uvicorn, POSTing a body the size of a token-id request, answered with a
+      body the size of a one-vector response;
+  (c) Quiver itself (`quiver serve`), /v1/embeddings with token ids, minus the worker's own step time
+      (the x-inference-time header): the path overhead.
+Then prints the overhead against the floor, (a) blocking + (b). Times are µs, p50 / p99.
+
+    python -m quiver.bench.floor [--quick] [--device cuda --model DIR --lengths 128,512,4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from quiver.common.protocol import Chunk, Result, decode
+from quiver.common.transport import make_socket, send_frames
+
+MODES = ("blocking", "spin")
+HANDOFFS = ("none", "queue", "inproc")  # how the worker passes a chunk to its second thread, if at all
+
+
+def _poll(poller: zmq.Poller, spin: bool) -> dict[Any, int]:
+    while True:
+        events = dict(poller.poll(0 if spin else 100))
+        if events:
+            return events
+
+
+def _broker(front: str, back: str, spin: bool, ready: Any) -> None:
+    """Forward client frames to the one worker and its answers back, never opening the body."""
+    ctx = zmq.Context()
+    clients, workers = make_socket(ctx, zmq.ROUTER), make_socket(ctx, zmq.ROUTER)
+    clients.bind(front)
+    workers.bind(back)
+    worker_id = workers.recv_multipart()[0]  # the worker's hello
+    ready.set()
+    poller = zmq.Poller()
+    poller.register(clients, zmq.POLLIN)
+    poller.register(workers, zmq.POLLIN)
+    while True:
+        events = _poll(poller, spin)
+        if clients in events:
+            client_id, *frames = clients.recv_multipart(copy=False)
+            send_frames(workers, [client_id, *frames], identity=worker_id)
+        if workers in events:
+            _, client_id, *frames = workers.recv_multipart(copy=False)
+            send_frames(clients, frames, identity=client_id.bytes)
+
+
+def _answer(frames: list[Any], dim: int) -> list[Any]:
+    chunk = decode(frames)
+    assert isinstance(chunk, Chunk)
+    values = np.ones((chunk.num_seqs, dim), dtype=np.float32)
+    return Result(chunk_id=chunk.chunk_id, num_seqs=chunk.num_seqs, dim=dim, queue_s=0.0, inference_s=0.0,
+                  worker="floor", values=values).encode()
+
+
+def _worker(back: str, spin: bool, handoff: str, dim: int) -> None:
+    """Answer every chunk; with a hand-off, a second thread does the answering, as the scheduler does."""
+    ctx = zmq.Context()
+    sock = make_socket(ctx, zmq.DEALER)
+    sock.connect(back)
+    sock.send(b"hello")
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    if handoff == "none":
+        while True:
+            _poll(poller, spin)
+            client_id, *frames = sock.recv_multipart(copy=False)
+            send_frames(sock, [client_id, *_answer(frames, dim)])
+    outbox_pull = make_socket(ctx, zmq.PULL)
+    outbox_pull.bind("inproc://floor-out")
+    poller.register(outbox_pull, zmq.POLLIN)
+    inbox: queue.Queue[list[Any]] = queue.Queue()
+    if handoff == "inproc":
+        inbox_push = make_socket(ctx, zmq.PAIR)
+        inbox_push.bind("inproc://floor-in")
+
+    def scheduler() -> None:
+        outbox = make_socket(ctx, zmq.PUSH)
+        outbox.connect("inproc://floor-out")
+        pair = None
+        if handoff == "inproc":
+            pair = make_socket(ctx, zmq.PAIR)
+            pair.connect("inproc://floor-in")
+        while True:
+            frames = pair.recv_multipart(copy=False) if pair is not None else inbox.get()
+            outbox.send_multipart([frames[0], *_answer(frames[1:], dim)], copy=False)
+
+    threading.Thread(target=scheduler, daemon=True).start()
+    while True:
+        events = _poll(poller, spin)
+        if sock in events:
+            frames = sock.recv_multipart(copy=False)
+            if handoff == "inproc":
+                inbox_push.send_multipart(frames, copy=False)
+            else:
+                inbox.put(frames)
+        if outbox_pull in events:
+            send_frames(sock, outbox_pull.recv_multipart(copy=False))
+
+
+def _percentiles(samples_s: list[float]) -> tuple[float, float]:
+    values = np.asarray(samples_s) * 1e6
+    return round(float(np.percentile(values, 50)), 1), round(float(np.percentile(values, 99)), 1)
+
+
+def zmq_round_trip(mode: str, handoff: str, requests: int, tokens: int, dim: int) -> tuple[float, float]:
+    """p50 / p99 µs of client -> broker -> worker -> broker -> client, each in its own process."""
+    spin = mode == "spin"
+    tag = f"{os.getpid()}-{mode}-{handoff}"
+    front, back = f"ipc:///tmp/quiver-floor-{tag}-f", f"ipc:///tmp/quiver-floor-{tag}-b"
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    processes = [context.Process(target=_broker, args=(front, back, spin, ready), daemon=True),
+                 context.Process(target=_worker, args=(back, spin, handoff, dim), daemon=True)]
+    for process in processes:
+        process.start()
+    ctx = zmq.Context()
+    client = make_socket(ctx, zmq.DEALER)
+    try:
+        if not ready.wait(60):
+            raise RuntimeError("the floor broker or worker did not start")
+        client.connect(front)
+        ids = np.arange(tokens, dtype=np.int32) % 1000 + 10
+        poller = zmq.Poller()
+        poller.register(client, zmq.POLLIN)
+        samples = []
+        for index in range(requests + requests // 5 + 5):
+            chunk = Chunk(chunk_id=f"c{index}", task="embed", num_seqs=1, num_tokens=tokens, normalize=True,
+                          timeout_s=30.0, input_ids=ids, seq_lens=np.array([tokens], dtype=np.int32))
+            started = time.perf_counter()
+            send_frames(client, chunk.encode())
+            _poll(poller, spin)
+            client.recv_multipart(copy=False)
+            if index >= requests // 5 + 5:
+                samples.append(time.perf_counter() - started)
+        return _percentiles(samples)
+    finally:
+        client.close()
+        ctx.term()
+        for process in processes:
+            process.kill()
+            process.join(5)
+
+
+STARLETTE_APP = """
+import sys
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
+import uvicorn
+
+answer = b'{"data":[{"embedding":[' + b",".join([b"0.0123456789"] * int(sys.argv[2])) + b']}]}'
+
+async def echo(request):
+    await request.body()
+    return Response(answer, media_type="application/json")
+
+uvicorn.run(Starlette(routes=[Route("/echo", echo, methods=["POST"])]), host="127.0.0.1",
+            port=int(sys.argv[1]), log_level="warning")
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait_http(port: int, path: str, timeout_s: float, process: subprocess.Popen[bytes]) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server on port {port} exited with {process.returncode}")
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            connection.request("GET" if path == "/health" else "POST", path, body=b"" if path != "/health" else None)
+            if connection.getresponse().status < 500:
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"no answer on port {port} within {timeout_s} s")
+
+
+def _post_times(port: int, path: str, body: bytes, requests: int) -> tuple[list[float], list[float]]:
+    """Client seconds and the x-inference-time header (s, 0 when absent) of sequential POSTs."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    client, inference = [], []
+    for index in range(requests + requests // 5 + 5):
+        started = time.perf_counter()
+        connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        response.read()
+        elapsed = time.perf_counter() - started
+        if response.status != 200:
+            raise RuntimeError(f"{path} answered {response.status}")
+        if index >= requests // 5 + 5:
+            client.append(elapsed)
+            inference.append(float(response.getheader("x-inference-time", "0")) / 1000)
+    return client, inference
+
+
+def _token_body(tokens: int, vocab: int) -> bytes:
+    ids = [int(x) for x in np.random.default_rng(0).integers(10, vocab - 1, size=tokens)]
+    return json.dumps({"input": [ids]}).encode()
+
+
+def starlette_round_trip(requests: int, tokens: int, dim: int) -> tuple[float, float]:
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, "-c", STARLETTE_APP, str(port), str(dim)])
+    try:
+        _wait_http(port, "/echo", 60, process)
+        client, _ = _post_times(port, "/echo", _token_body(tokens, 30000), requests)
+        return _percentiles(client)
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+IDLE_SETTLE_S = 2.0  # after /health answers, let every process finish its start-up work
+
+
+def _process_tree(pid: int) -> dict[int, str]:
+    """pid -> command line of pid and all its descendants (Linux /proc)."""
+    tree, pending = {}, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            tree[current] = open(f"/proc/{current}/cmdline", "rb").read().replace(b"\0", b" ").decode()[:80]
+            for task in os.listdir(f"/proc/{current}/task"):
+                pending += [int(c) for c in open(f"/proc/{current}/task/{task}/children").read().split()]
+        except OSError:
+            continue
+    return tree
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def idle_cpu(pid: int, seconds: float) -> dict[str, float]:
+    """Share of one core each process of `quiver serve` burns while no request comes."""
+    tree = _process_tree(pid)
+    before = {p: _cpu_seconds(p) for p in tree}
+    time.sleep(seconds)
+    return {f"{p} {tree[p]}": round((_cpu_seconds(p) - before[p]) / seconds, 3) for p in before}
+
+
+def quiver_overhead(args: argparse.Namespace, lengths: list[int], vocab: int) -> dict[str, Any]:
+    """Idle CPU of each process, then per length: client p50/p99 µs and the overhead (client -
+    x-inference-time) p50/p99 µs."""
+    port = _free_port()
+    command = [sys.executable, "-m", "quiver", "serve", "--port", str(port), "--device", args.device]
+    if args.model:
+        command += ["--model", args.model]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_http(port, "/health", args.startup_timeout_s, process)
+        time.sleep(IDLE_SETTLE_S)
+        out: dict[str, Any] = {"idle_cpu": idle_cpu(process.pid, args.idle_s)}
+        for length in lengths:
+            client, inference = _post_times(port, "/v1/embeddings", _token_body(length, vocab), args.requests)
+            client_p50, client_p99 = _percentiles(client)
+            overhead_p50, overhead_p99 = _percentiles([c - i for c, i in zip(client, inference)])
+            out[str(length)] = {"client_p50": client_p50, "client_p99": client_p99,
+                           "overhead_p50": overhead_p50, "overhead_p99": overhead_p99}
+        return out
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from quiver.common.model_info import default_model_dir, load_model_info
+
+    info = load_model_info(args.model or default_model_dir())
+    lengths = [n for n in args.lengths if n <= info.max_input_length]
+    floor_tokens = lengths[0]
+    rows: dict[str, tuple[float, float]] = {}
+    for handoff in HANDOFFS:
+        for mode in args.modes:
+            rows[f"pyzmq client -> broker -> worker ({handoff} hand-off), {mode}"] = zmq_round_trip(
+                mode, handoff, args.requests, floor_tokens, info.hidden_size)
+    rows["Starlette on uvicorn, bare POST"] = starlette_round_trip(args.requests, floor_tokens, info.hidden_size)
+    floor_p50 = rows["pyzmq client -> broker -> worker (none hand-off), blocking"][0] + \
+        rows["Starlette on uvicorn, bare POST"][0]
+    quiver = quiver_overhead(args, lengths, info.vocab_size)
+    idle = quiver.pop("idle_cpu")
+    return {"floor_rows": rows, "floor_p50": round(floor_p50, 1), "quiver": quiver, "idle_cpu": idle}
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print("| path | p50 µs | p99 µs |")
+    print("| --- | --- | --- |")
+    for name, (p50, p99) in result["floor_rows"].items():
+        print(f"| {name} | {p50} | {p99} |")
+    print(f"| floor: pyzmq blocking (no hand-off) + Starlette | {result['floor_p50']} | |")
+    print()
+    print("| tokens | Quiver client p50 / p99 µs | overhead (client - x-inference-time) p50 / p99 µs | overhead / floor |")
+    print("| --- | --- | --- | --- |")
+    for length, row in result["quiver"].items():
+        ratio = row["overhead_p50"] / result["floor_p50"]
+        print(f"| {length} | {row['client_p50']} / {row['client_p99']} | {row['overhead_p50']} / "
+              f"{row['overhead_p99']} | {ratio:.2f} |")
+    print()
+    print("| process of `quiver serve`, idle | CPU (cores) |")
+    print("| --- | --- |")
+    for process, cores in result["idle_cpu"].items():
+        print(f"| {process} | {cores} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="CI size: 20 requests, 128 tokens, blocking polls only (spinning needs free cores), CPU")
+    parser.add_argument("--modes", default=",".join(MODES), type=lambda t: tuple(t.split(",")),
+                        help="pyzmq polling: blocking, spin or both")
+    parser.add_argument("--device", default="", help="device of `quiver serve` (default: cuda if visible, else cpu)")
+    parser.add_argument("--model", default="", help="checkpoint to serve (default: the packaged all-MiniLM-L6-v2)")
+    parser.add_argument("--lengths", default="128,512,4096", type=lambda t: [int(x) for x in t.split(",")])
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--startup-timeout-s", type=float, default=420.0)
+    parser.add_argument("--idle-s", type=float, default=3.0, help="seconds over which idle CPU is measured")
+    parser.add_argument("--json", default="", help="also write the figures here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.lengths, args.modes, args.device = 20, [128], ("blocking",), args.device or "cpu"
+    if not args.device:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    result = run(args)
+    print_table(result)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

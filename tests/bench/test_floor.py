@@ -1,0 +1,30 @@
+"""The floor benchmark runs end to end on the CPU (--quick): real broker and worker processes over
+pyzmq, a real uvicorn server, and a real `quiver serve`; checked for the table's shape, not for speed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_floor_quick_prints_the_floor_and_quivers_overhead(tmp_path: Path) -> None:
+    out = tmp_path / "floor.json"
+    done = subprocess.run([sys.executable, "-m", "quiver.bench.floor", "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = result["floor_rows"]
+    assert len(rows) == 4  # three worker shapes (no hand-off, queue.Queue, inproc PAIR), blocking; Starlette
+    for p50, p99 in rows.values():
+        assert 0 < p50 <= p99
+    assert result["floor_p50"] > 0
+    assert list(result["quiver"]) == ["128"]
+    row = result["quiver"]["128"]
+    assert 0 < row["overhead_p50"] <= row["client_p50"] and row["client_p50"] <= row["client_p99"]
+    assert len(result["idle_cpu"]) >= 4  # the supervisor, broker, worker and frontend at least
+    assert all(0 <= cores for cores in result["idle_cpu"].values())
+    table = done.stdout
+    assert "| floor: pyzmq blocking (no hand-off) + Starlette |" in table
+    assert table.count("\n| 128 |") == 1 and "overhead / floor" in table
