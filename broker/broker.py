@@ -58,7 +58,11 @@ class Broker:
                         "can reach %s may register as a worker", settings.worker_endpoint)
         self.authenticator = curve.start(self.ctx) if curve else None
         self.frontends = make_socket(self.ctx, zmq.ROUTER)
-        self.workers = make_socket(self.ctx, zmq.ROUTER)
+        # A worker replaces its socket after a silence and comes back under the same identity, before
+        # the old connection may have been noticed as gone: let it take its route. Its identity is 128
+        # random bits (worker/link.py), so no other peer can present it. Frontends take a new identity
+        # on every new socket, so their ROUTER refuses a second peer presenting a connected identity.
+        self.workers = make_socket(self.ctx, zmq.ROUTER, handover=True)
         for sock, endpoint, domain in ((self.frontends, endpoints[0], FRONTEND_DOMAIN),
                                        (self.workers, endpoints[1], WORKER_DOMAIN)):
             if curve:
