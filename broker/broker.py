@@ -23,7 +23,7 @@ import logging
 import secrets
 import signal
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import zmq
 
@@ -180,26 +180,26 @@ class Broker:
     def _on_chunk(self, frontend: bytes, message: Routed) -> None:
         if self.models.is_foreign(frontend):
             metrics.REFUSED.labels("CHUNK", "model").inc()
-            self._fail(PendingChunk(message=message, frontend=frontend, deadline=0.0), ErrorCode.UNAVAILABLE,
+            self._fail(PendingChunk(message=message, frontends=[frontend], deadline=0.0), ErrorCode.UNAVAILABLE,
                        f"this broker serves {self.models.model}, not the model this frontend expects")
             return
         known = self.dispatcher.find(message.chunk_id)
         if known is not None:
             # A frontend sends a chunk again after rebuilding its socket (new identity). Its id is a
             # 128-bit secret shared only by that frontend, this broker and the chunk's worker, so
-            # knowing it proves ownership: answer the new identity.
-            known.frontend = frontend
+            # knowing it proves ownership: answer the new identity too.
+            known.add_sender(frontend)
             metrics.DUPLICATE_CHUNKS.inc()
             return
         metrics.CHUNKS_RECEIVED.inc()
         timeout_s = float(message.header["timeout_s"])
-        self._submit(PendingChunk(message=message, frontend=frontend, deadline=time.monotonic() + timeout_s))
+        self._submit(PendingChunk(message=message, frontends=[frontend], deadline=time.monotonic() + timeout_s))
 
     def _on_cancel(self, frontend: bytes, message: Cancel) -> None:
         chunk = self.dispatcher.find(message.chunk_id)
         if chunk is None:
             return
-        if chunk.frontend != frontend:
+        if frontend not in chunk.frontends:
             self.refusals.refuse("CANCEL", "not_owner", "chunk %s was sent by another frontend", message.chunk_id)
             return
         self.dispatcher.cancel(message.chunk_id)
@@ -221,7 +221,12 @@ class Broker:
 
     def _fail(self, chunk: PendingChunk, code: ErrorCode, reason: str) -> None:
         metrics.CHUNK_FAILURES.labels(code.value).inc()
-        send(self.frontends, Error(chunk_id=chunk.chunk_id, code=code.value, message=reason), chunk.frontend)
+        self._answer(chunk, Error(chunk_id=chunk.chunk_id, code=code.value, message=reason).encode())
+
+    def _answer(self, chunk: PendingChunk, frames: list[Any]) -> None:
+        """Send an answer to every identity the chunk came from."""
+        for frontend in chunk.frontends:
+            send_frames(self.frontends, frames, frontend)
 
     # workers ----------------------------------------------------------------------------------
     def _on_worker_message(self, identity: bytes, message: Message | Routed) -> None:
@@ -305,10 +310,10 @@ class Broker:
         self.dispatcher.complete(message.chunk_id)
         if isinstance(message, Error):
             metrics.CHUNK_FAILURES.labels(message.code).inc()
-            send(self.frontends, message, chunk.frontend)
+            self._answer(chunk, message.encode())
         else:
             # Forwarded as received: the header and the values frame are the worker's own buffers.
-            send_frames(self.frontends, message.frames, chunk.frontend)
+            self._answer(chunk, message.frames)
 
     def _drop_worker(self, identity: bytes, reason: str) -> None:
         worker = self.dispatcher.workers.get(identity)
