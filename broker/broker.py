@@ -11,6 +11,10 @@ Trust: a RESULT or ERROR is accepted only from the worker the chunk is assigned 
 the rows, width and dtype the chunk and that worker's READY imply; a CANCEL only from the chunk's
 frontend. Anything else is dropped, counted (quiver_broker_refused_messages_total) and logged at a
 bounded rate. CHUNK and RESULT array frames are never read here: they are forwarded as received.
+
+Copies of array data in the broker: none. Frames are received with copy=False (zmq messages owning
+libzmq's buffers) and sent on with copy=False, which hands the same buffers to the outgoing message.
+What is built anew is small: a CHUNK's header (its timeout and attempt change), an ERROR (no arrays).
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ import logging
 import secrets
 import signal
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import zmq
 
 from quiver.broker import metrics
 from quiver.broker.dispatch import Dispatcher, PendingChunk, QueueFull, WorkerState
+from quiver.broker.model_guard import ModelGuard
 from quiver.common.config import BrokerSettings
 from quiver.common.protocol import (
     PROTOCOL_VERSION, Cancel, Disconnect, Error, ErrorCode, Heartbeat, Message, MsgType, ProtocolError, Ready,
@@ -39,9 +44,6 @@ log = logging.getLogger("quiver.broker")
 
 # Messages handled from one socket before looking at the other, so neither side starves the other.
 MAX_MESSAGES_PER_TURN = 1000
-# Frontends remembered as expecting another model than this broker's (their chunks are refused);
-# the set is cleared when it reaches this size, so identities that come and go cannot grow it.
-MAX_FOREIGN_FRONTENDS = 1024
 class Broker:
     def __init__(self, settings: BrokerSettings, ctx: zmq.Context | None = None) -> None:
         self.settings = settings
@@ -56,17 +58,18 @@ class Broker:
                         "can reach %s may register as a worker", settings.worker_endpoint)
         self.authenticator = curve.start(self.ctx) if curve else None
         self.frontends = make_socket(self.ctx, zmq.ROUTER)
-        self.workers = make_socket(self.ctx, zmq.ROUTER)
+        # A worker replaces its socket after a silence and comes back under the same identity, before
+        # the old connection may have been noticed as gone: let it take its route. Its identity is 128
+        # random bits (worker/link.py), so no other peer can present it. Frontends take a new identity
+        # on every new socket, so their ROUTER refuses a second peer presenting a connected identity.
+        self.workers = make_socket(self.ctx, zmq.ROUTER, handover=True)
         for sock, endpoint, domain in ((self.frontends, endpoints[0], FRONTEND_DOMAIN),
                                        (self.workers, endpoints[1], WORKER_DOMAIN)):
             if curve:
                 curve.apply(sock, domain)
             sock.bind(endpoint)
         self.instance_id = secrets.token_hex(8)
-        # The model this broker serves: set by the first frontend that names one (one model per broker).
-        self.fingerprint = ""
-        self.model = ""
-        self.foreign_frontends: set[bytes] = set()
+        self.models = ModelGuard()
         self.dispatcher = Dispatcher(settings.max_queued_chunks)
         self.refusals = metrics.Refusals()
         self.running = True
@@ -144,7 +147,7 @@ class Broker:
         elif isinstance(message, Heartbeat):
             self._check_frontend_model(frontend, message)
             beat = self._heartbeat()
-            if frontend in self.foreign_frontends:
+            if self.models.is_foreign(frontend):
                 beat.live_workers = 0  # none serves its model
             send(self.frontends, beat, frontend)
         elif isinstance(message, Cancel):
@@ -157,55 +160,46 @@ class Broker:
                                  type(message).__name__)
 
     def _check_frontend_model(self, frontend: bytes, beat: Heartbeat) -> None:
-        if not beat.fingerprint:
-            return
-        if not self.fingerprint:
-            self.fingerprint, self.model = beat.fingerprint, beat.model
+        verdict = self.models.frontend_expects(frontend, beat.fingerprint, beat.model)
+        if verdict == "set":
             log.info("serving model %s (fingerprint %s), as the first frontend expects", beat.model, beat.fingerprint)
             for worker in list(self.dispatcher.workers.values()):
-                if worker.fingerprint != self.fingerprint:
+                if not self.models.admits(worker.fingerprint):
                     self._refuse_model(worker.identity, worker.name, worker.model, worker.fingerprint)
                     self._drop_worker(worker.identity, "left")
-        elif beat.fingerprint != self.fingerprint:
-            if len(self.foreign_frontends) >= MAX_FOREIGN_FRONTENDS:
-                self.foreign_frontends.clear()
-            self.foreign_frontends.add(frontend)
+        elif verdict == "foreign":
             self.refusals.warn("HEARTBEAT", "model", "a frontend expects model %s (fingerprint %s), this broker "
                                "serves %s (%s): its chunks are refused", beat.model, beat.fingerprint,
-                               self.model, self.fingerprint)
-        else:
-            self.foreign_frontends.discard(frontend)
+                               self.models.model, self.models.fingerprint)
 
     def _refuse_model(self, identity: bytes, name: str, model: str, fingerprint: str) -> None:
-        self.refusals.refuse("READY", "model", "worker %s serves model %s (fingerprint %s), the frontends expect "
-                             "%s (fingerprint %s)", name, model, fingerprint or "none", self.model, self.fingerprint)
-        send(self.workers, Disconnect(reason=f"this worker serves {model} (fingerprint {fingerprint or 'none'}); "
-                                             f"the broker's frontends expect {self.model} (fingerprint "
-                                             f"{self.fingerprint})"), identity)
+        reason = self.models.refusal(model, fingerprint)
+        self.refusals.refuse("READY", "model", "worker %s: %s", name, reason)
+        send(self.workers, Disconnect(reason=reason), identity)
 
     def _on_chunk(self, frontend: bytes, message: Routed) -> None:
-        if frontend in self.foreign_frontends:
+        if self.models.is_foreign(frontend):
             metrics.REFUSED.labels("CHUNK", "model").inc()
-            self._fail(PendingChunk(message=message, frontend=frontend, deadline=0.0), ErrorCode.UNAVAILABLE,
-                       f"this broker serves {self.model}, not the model this frontend expects")
+            self._fail(PendingChunk(message=message, frontends=[frontend], deadline=0.0), ErrorCode.UNAVAILABLE,
+                       f"this broker serves {self.models.model}, not the model this frontend expects")
             return
         known = self.dispatcher.find(message.chunk_id)
         if known is not None:
             # A frontend sends a chunk again after rebuilding its socket (new identity). Its id is a
             # 128-bit secret shared only by that frontend, this broker and the chunk's worker, so
-            # knowing it proves ownership: answer the new identity.
-            known.frontend = frontend
+            # knowing it proves ownership: answer the new identity too.
+            known.add_sender(frontend)
             metrics.DUPLICATE_CHUNKS.inc()
             return
         metrics.CHUNKS_RECEIVED.inc()
         timeout_s = float(message.header["timeout_s"])
-        self._submit(PendingChunk(message=message, frontend=frontend, deadline=time.monotonic() + timeout_s))
+        self._submit(PendingChunk(message=message, frontends=[frontend], deadline=time.monotonic() + timeout_s))
 
     def _on_cancel(self, frontend: bytes, message: Cancel) -> None:
         chunk = self.dispatcher.find(message.chunk_id)
         if chunk is None:
             return
-        if chunk.frontend != frontend:
+        if frontend not in chunk.frontends:
             self.refusals.refuse("CANCEL", "not_owner", "chunk %s was sent by another frontend", message.chunk_id)
             return
         self.dispatcher.cancel(message.chunk_id)
@@ -227,7 +221,12 @@ class Broker:
 
     def _fail(self, chunk: PendingChunk, code: ErrorCode, reason: str) -> None:
         metrics.CHUNK_FAILURES.labels(code.value).inc()
-        send(self.frontends, Error(chunk_id=chunk.chunk_id, code=code.value, message=reason), chunk.frontend)
+        self._answer(chunk, Error(chunk_id=chunk.chunk_id, code=code.value, message=reason).encode())
+
+    def _answer(self, chunk: PendingChunk, frames: list[Any]) -> None:
+        """Send an answer to every identity the chunk came from."""
+        for frontend in chunk.frontends:
+            send_frames(self.frontends, frames, frontend)
 
     # workers ----------------------------------------------------------------------------------
     def _on_worker_message(self, identity: bytes, message: Message | Routed) -> None:
@@ -271,7 +270,7 @@ class Broker:
                                  ready.name, ready.pid)
             send(self.workers, Disconnect(reason="READY lacks this broker's cluster secret"), identity)
             return
-        if self.fingerprint and ready.fingerprint != self.fingerprint:
+        if not self.models.admits(ready.fingerprint):
             self._refuse_model(identity, ready.name, ready.model, ready.fingerprint)
             return
         worker = WorkerState(
@@ -311,10 +310,10 @@ class Broker:
         self.dispatcher.complete(message.chunk_id)
         if isinstance(message, Error):
             metrics.CHUNK_FAILURES.labels(message.code).inc()
-            send(self.frontends, message, chunk.frontend)
+            self._answer(chunk, message.encode())
         else:
             # Forwarded as received: the header and the values frame are the worker's own buffers.
-            send_frames(self.frontends, message.frames, chunk.frontend)
+            self._answer(chunk, message.frames)
 
     def _drop_worker(self, identity: bytes, reason: str) -> None:
         worker = self.dispatcher.workers.get(identity)

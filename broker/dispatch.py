@@ -15,13 +15,20 @@ from dataclasses import dataclass, field
 from quiver.common.protocol import Routed
 
 
+# Identities a chunk's answer goes to at most: the frontend's sockets that sent it, latest last.
+MAX_SENDERS = 4
+
+
 @dataclass
 class PendingChunk:
     """A chunk the broker owns until its result or error goes back to the frontend that sent it.
-    `message` is the CHUNK as received (header checked, array frames unread)."""
+    `message` is the CHUNK as received (header checked, array frames unread). `frontends` are the
+    identities it came from: one, unless its frontend sent it again from a rebuilt socket; the answer
+    goes to each (a closed one drops it), since which copy arrived last says nothing of which socket
+    is still open."""
 
     message: Routed
-    frontend: bytes
+    frontends: list[bytes]
     deadline: float
     attempt: int = 0
     worker: bytes | None = None
@@ -32,6 +39,10 @@ class PendingChunk:
     @property
     def chunk_id(self) -> str:
         return self.message.chunk_id
+
+    def add_sender(self, frontend: bytes) -> None:
+        if frontend not in self.frontends:
+            self.frontends = [*self.frontends, frontend][-MAX_SENDERS:]
 
     @property
     def task(self) -> str:

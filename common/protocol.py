@@ -135,7 +135,7 @@ class Message:
 class Ready(Message):
     """A worker offers itself: its protocol version, identity, how much work it takes at once, the
     shape of its results (output_dim values of output_dtype per sequence), the fingerprint of its
-    model (common.model_info.model_fingerprint) and the cluster secret the broker may require."""
+    model (common.fingerprint.model_fingerprint) and the cluster secret the broker may require."""
 
     TYPE: ClassVar[MsgType] = MsgType.READY
     version: int
@@ -172,8 +172,8 @@ class Ready(Message):
 class Heartbeat(Message):
     """I am alive. From the broker it carries `broker_id`, random per broker start, so a peer sees a
     restart however short, and to a frontend how many workers are live; from a frontend,
-    `fingerprint` and `model` name the model it expects; from a worker, `draining` says it finishes what it
-    holds and wants no new chunks."""
+    `fingerprint` and `model` name the model it expects; from a worker, `draining` says it finishes
+    what it holds and wants no new chunks."""
 
     TYPE: ClassVar[MsgType] = MsgType.HEARTBEAT
     live_workers: int = 0

@@ -11,11 +11,11 @@ from quiver.common.protocol import MAX_FRAME_BYTES, Message, Routed, decode, pee
 HIGH_WATER_MARK = 100_000
 
 
-def make_socket(ctx: zmq.Context, kind: int, identity: bytes | None = None) -> zmq.Socket:
+def make_socket(ctx: zmq.Context, kind: int, identity: bytes | None = None, handover: bool = False) -> zmq.Socket:
     """A socket that never blocks close (LINGER 0), queues generously before dropping, and disconnects
     a peer that sends a frame larger than any message of the protocol carries (so it is never
-    buffered whole). A ROUTER keeps ROUTER_HANDOVER off: a second peer presenting an identity already
-    connected is refused instead of taking that identity's route."""
+    buffered whole). A ROUTER refuses a second peer presenting an identity already connected, unless
+    `handover`: then the newcomer takes that identity's route (safe only where identities are secret)."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, HIGH_WATER_MARK)
@@ -23,6 +23,8 @@ def make_socket(ctx: zmq.Context, kind: int, identity: bytes | None = None) -> z
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
     if identity is not None:
         sock.setsockopt(zmq.ROUTING_ID, identity)
+    if kind == zmq.ROUTER and handover:
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     if kind in (zmq.DEALER, zmq.ROUTER):
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)

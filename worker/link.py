@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import secrets
 import threading
 import time
-import uuid
 from typing import Callable
 
 import zmq
@@ -41,7 +41,8 @@ class BrokerLink(threading.Thread):
         self.ready = ready
         self.inbox = inbox
         self.outbox_endpoint = outbox_endpoint
-        self.identity = f"{ready.name}-{ready.pid}-{uuid.uuid4().hex[:8]}".encode()
+        # Secret (128 random bits): the broker lets a peer presenting it take this worker's route.
+        self.identity = secrets.token_hex(16).encode()
         self.draining = False
         self.stopping = threading.Event()
         self.connected_once = threading.Event()

@@ -16,7 +16,7 @@ def pending(chunk_id: str, tokens: int = 10, task: str = "embed", deadline: floa
                     input_ids=np.zeros(tokens, dtype=np.int32), seq_lens=np.array([tokens], dtype=np.int32))
     routed = peek([bytes(f) for f in message.encode()])
     assert isinstance(routed, Routed)
-    return PendingChunk(message=routed, frontend=frontend, deadline=deadline)
+    return PendingChunk(message=routed, frontends=[frontend], deadline=deadline)
 
 
 def worker(name: str, capacity: int = 100, tasks: tuple[str, ...] = ("embed",)) -> WorkerState:

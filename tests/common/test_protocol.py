@@ -102,3 +102,25 @@ def test_split_identity():
     assert identity == b"peer" and len(rest) == 2
     with pytest.raises(ProtocolError):
         split_identity([b"peer"])
+
+
+def test_peek_checks_headers_and_frame_lengths_without_reading_arrays():
+    from quiver.common.protocol import Routed, peek
+
+    frames = [bytes(f) for f in make_chunk().encode()]
+    routed = peek(frames)
+    assert isinstance(routed, Routed) and routed.chunk_id == "f:1" and routed.header["num_tokens"] == 6
+    forwarded = routed.with_header(timeout_s=1.5, attempt=2)
+    assert forwarded[2] is frames[2] and forwarded[3] is frames[3]  # array frames travel untouched
+    again = decode(forwarded)
+    assert again.timeout_s == 1.5 and again.attempt == 2
+    np.testing.assert_array_equal(again.input_ids, make_chunk().input_ids)
+    with pytest.raises(ProtocolError, match="implies"):
+        peek([*frames[:2], frames[2][:-4], frames[3]])
+    result = Result(chunk_id="r", num_seqs=2, dim=3, dtype="float16", values=np.ones((2, 3), dtype=np.float16))
+    result_frames = [bytes(f) for f in result.encode()]
+    assert len(result_frames[2]) == 2 * 3 * 2
+    assert peek(result_frames).frames[2] is result_frames[2]
+    with pytest.raises(ProtocolError, match="implies"):
+        peek([*result_frames[:2], result_frames[2] + b"\0\0"])
+    assert isinstance(peek([bytes(f) for f in Cancel(chunk_id="x").encode()]), Cancel)

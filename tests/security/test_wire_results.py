@@ -127,3 +127,24 @@ def test_chunk_ids_are_unguessable():
     ids = {BrokerClient.new_chunk_id() for _ in range(1000)}
     assert len(ids) == 1000
     assert all(re.fullmatch(r"[0-9a-f]{32}", chunk_id) for chunk_id in ids)  # 128 random bits each
+
+
+def test_a_result_is_forwarded_as_the_worker_sent_it(broker):
+    """The broker routes on the header and passes the frames on: the frontend receives the worker's
+    own header bytes (here with the fields in an unusual order) and values bytes."""
+    import msgpack
+
+    cluster, ctx = broker
+    front, worker = one_worker(cluster, ctx)
+    front.send(make_chunk("c1"))
+    given = worker.recv()
+    frames = [bytes(f) for f in make_result(given, fill=0.5).encode()]
+    header = msgpack.unpackb(frames[1])
+    frames[1] = msgpack.packb(dict(reversed(list(header.items()))))
+    worker.sock.send_multipart(frames)
+    assert front.sock.poll(5000)
+    received = front.sock.recv_multipart()
+    while received[0] != frames[0]:  # past heartbeats
+        assert front.sock.poll(5000)
+        received = front.sock.recv_multipart()
+    assert received == frames
