@@ -66,7 +66,7 @@ for name in "${names[@]}"; do
   echo "=== $name on $hardware" | tee -a "$log"
   started=$SECONDS
   # shellcheck disable=SC2086  # STAND_IN_ARGS, SERVE_ARGS and BENCH_ARGS are word lists
-  ckpt=$($PY -m bench.stand_ins --root "$WORK/ckpts" --device "$DEVICE" ${STAND_IN_ARGS:-} "$name" 2>>"$log" | tail -n 1)
+  ckpt=$($PY -m quiver.bench.stand_ins --root "$WORK/ckpts" --device "$DEVICE" ${STAND_IN_ARGS:-} "$name" 2>>"$log" | tail -n 1)
   [ -d "$ckpt" ] || { echo "run_gpu.sh: no checkpoint for $name" | tee -a "$log"; status=1; continue; }
   result="$WORK/results/$name-$machine"
   mkdir -p "$result"
