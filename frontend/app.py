@@ -26,6 +26,7 @@ from quiver.frontend.http import endpoint, json_response
 from quiver.frontend.openapi import build_openapi
 from quiver.frontend import routes_embed, routes_meta, routes_score
 from quiver.frontend.service import Service
+from quiver.jobs.routes import BatchAPI
 
 log = logging.getLogger("quiver.frontend")
 
@@ -71,14 +72,18 @@ def create_app(settings: FrontendSettings) -> Starlette:
         return json_response(openapi_document)
 
     routes.append(Route("/openapi.json", endpoint("/openapi.json", False, key, public=True)(openapi), methods=["GET"]))
+    batch_api = BatchAPI(service, settings)
+    routes += batch_api.routes
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await client.start()
+        batch_api.start()
         if not await client.wait_for_broker(settings.liveness_window_s):
             log.warning("the broker at %s has not answered yet; answering 503 until it does", settings.broker)
         log.info("frontend serving %s (%s) through broker %s", service.model_name, info.kind, settings.broker)
         yield
+        await batch_api.stop()
         await client.close()
 
     async def http_error(request: Request, exc: Exception) -> Response:

@@ -1,0 +1,220 @@
+"""The batch runner: one per data directory, inside a frontend process, below online requests in priority.
+
+Every frontend process (uvicorn may run several) starts a Runner; only the one holding the SQLite
+lease "runner" works, and it renews the lease every few seconds. When that process dies (even by
+kill -9) the lease runs out after LEASE_TTL_S and another process, or the restarted one, takes over.
+A part's results and the batch's cursor are committed in one transaction that first checks the
+cursor has not moved, so a runner that lost its lease midway cannot write a line twice.
+
+Priority: the runner's lines go through the same Pipeline as online requests, but the runner keeps
+at most --batch-inflight-tokens of its own in flight, and while online requests are in flight it
+keeps at most one pipeline run going, so their chunks queue behind at most one of its runs.
+
+Batches move validating → in_progress → finalizing → completed, or → failed (input file gone or
+too many lines), cancelling → cancelled, expired (past the completion window, with what was done).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from quiver.frontend.service import Service
+from quiver.jobs.lines import Line, PartRunner, Transient, parse_line
+from quiver.jobs.store import AsyncStore, ResultLine, Store, StoreFull, derived_file_id
+
+log = logging.getLogger("quiver.jobs")
+
+LEASE = "runner"
+LEASE_TTL_S = 6.0
+IDLE_POLL_S = 0.25
+RETRY_S = 1.0
+ATTEMPTS_BEFORE_FAILING = 8  # serving-path failures of one part that are retried before its lines fail
+EXPIRY_SWEEP_S = 60.0
+
+
+@dataclass
+class RunnerLimits:
+    inflight_tokens: int
+    run_tokens: int
+    part_lines: int
+    max_lines: int
+    file_ttl_s: int
+
+
+def read_part(path: Path, offset: int, count: int) -> tuple[list[bytes], int]:
+    """Up to `count` non-blank lines from byte `offset`, and the offset after them."""
+    lines: list[bytes] = []
+    with open(path, "rb") as source:
+        source.seek(offset)
+        while len(lines) < count:
+            raw = source.readline()
+            if not raw:
+                break
+            offset += len(raw)
+            if raw.strip():
+                lines.append(raw)
+    return lines, offset
+
+
+def custom_ids_before(path: Path, offset: int) -> set[str]:
+    """The custom_ids of the committed lines (before `offset`), to keep refusing duplicates after a restart."""
+    seen: set[str] = set()
+    with open(path, "rb") as source:
+        for raw in iter(source.readline, b""):
+            if source.tell() > offset:
+                break
+            if raw.strip():
+                parse_line(0, raw, "", seen)  # adds the id whenever the line has one, whatever else is wrong
+    return seen
+
+
+class Runner:
+    def __init__(self, service: Service, store: AsyncStore, limits: RunnerLimits) -> None:
+        self.service = service
+        self.store = store
+        self.limits = limits
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self.inflight = 0
+        self.parts = PartRunner(service, self._reserve, self._release, limits.run_tokens)
+        self._seen: dict[str, set[str]] = {}
+        self._task: asyncio.Task | None = None
+        self._last_sweep = 0.0
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        try:
+            await self.store.call(self.store.store.drop_lease, LEASE, self.holder)
+        except Exception:  # stopping must not fail on a store problem
+            log.exception("could not drop the runner's lease")
+
+    # priority ---------------------------------------------------------------------------------------
+    async def _reserve(self, tokens: int) -> None:
+        while self.inflight:
+            online = self.service.pipeline.inflight_tokens - self.inflight
+            if online <= 0 and self.inflight + tokens <= self.limits.inflight_tokens:
+                break
+            await asyncio.sleep(0.002)
+        self.inflight += tokens
+
+    def _release(self, tokens: int) -> None:
+        self.inflight -= tokens
+
+    # the loop ---------------------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        store = self.store.store
+        renewed = 0.0
+        while True:
+            try:
+                if time.monotonic() - renewed > LEASE_TTL_S / 3:
+                    if not await self.store.call(store.take_lease, LEASE, self.holder, LEASE_TTL_S):
+                        await asyncio.sleep(LEASE_TTL_S / 3)
+                        continue
+                    renewed = time.monotonic()
+                if time.monotonic() - self._last_sweep > EXPIRY_SWEEP_S:
+                    self._last_sweep = time.monotonic()
+                    await self.store.call(store.expire_files)
+                row = await self.store.call(store.runnable)
+                if row is None:
+                    await asyncio.sleep(IDLE_POLL_S)
+                    continue
+                await self._advance(row["id"])
+            except asyncio.CancelledError:
+                raise
+            except StoreFull as exc:
+                log.error("the data directory is full (%s); batches wait until space is freed", exc)
+                await asyncio.sleep(RETRY_S * 5)
+            except Exception:  # the runner outlives any one batch's surprise
+                log.exception("batch runner: unexpected failure; retrying")
+                await asyncio.sleep(RETRY_S)
+
+    async def _advance(self, batch_id: str) -> None:
+        store = self.store.store
+        row = await self.store.call(store.row, batch_id)
+        status = row["status"]
+        if status == "validating":
+            await self._validate(row)
+        elif status == "in_progress":
+            if time.time() >= row["expires_at"]:
+                await self._finalize(row, "expired")
+            elif row["next_line"] >= row["total"]:
+                await self.store.call(store.set_status, batch_id, "finalizing", only_from=("in_progress",))
+            else:
+                await self._run_part(row)
+        elif status == "finalizing":
+            await self._finalize(row, "completed")
+        elif status == "cancelling":
+            await self._finalize(row, "cancelled")
+
+    async def _validate(self, row) -> None:
+        store = self.store.store
+        path = store.path_of(row["input_file_id"])
+        total = await self.store.call(store.file_lines, row["input_file_id"])
+        problem = None
+        if not path.exists():
+            problem = ("missing_file", f"the input file {row['input_file_id']} no longer exists")
+        elif total > self.limits.max_lines:
+            problem = ("too_many_lines", f"the input file has {total} lines; a batch takes at most {self.limits.max_lines}")
+        if problem:
+            errors = json.dumps({"object": "list", "data": [{"code": problem[0], "message": problem[1], "param": None,
+                                                              "line": None}]})
+            await self.store.call(store.set_status, row["id"], "failed", only_from=("validating",), errors=errors)
+            return
+        await self.store.call(store.set_status, row["id"], "in_progress", only_from=("validating",), total=total)
+
+    async def _run_part(self, row) -> None:
+        store = self.store.store
+        batch_id = row["id"]
+        path = store.path_of(row["input_file_id"])
+        if batch_id not in self._seen:
+            self._seen = {batch_id: await asyncio.to_thread(custom_ids_before, path, row["next_offset"])}
+        seen = set(self._seen[batch_id])
+        raws, next_offset = await asyncio.to_thread(read_part, path, row["next_offset"], self.limits.part_lines)
+        first = row["next_line"]
+        lines: list[Line] = [parse_line(first + i, raw, row["endpoint"], seen) for i, raw in enumerate(raws)]
+        results = await self._execute(row["endpoint"], lines)
+        if await self.store.call(store.commit_part, batch_id, results, first, first + len(lines), next_offset):
+            self._seen[batch_id] = seen
+        else:
+            self._seen.pop(batch_id, None)  # another runner moved the cursor: start again from the store
+
+    async def _execute(self, endpoint: str, lines: list[Line]) -> list[ResultLine]:
+        for attempt in range(1, ATTEMPTS_BEFORE_FAILING + 1):
+            self.parts.last_attempt = attempt == ATTEMPTS_BEFORE_FAILING
+            try:
+                return await self.parts.run(endpoint, lines)
+            except Transient as exc:
+                log.warning("batch part not run (%s); attempt %d of %d", exc, attempt, ATTEMPTS_BEFORE_FAILING)
+                await self._wait_healthy()
+        raise AssertionError("the last attempt fails lines rather than raising")
+
+    async def _wait_healthy(self) -> None:
+        """Back off, and wait for a live worker: a restarting cluster does not count against a part."""
+        await asyncio.sleep(RETRY_S)
+        while not self.service.client.healthy:
+            await asyncio.sleep(IDLE_POLL_S)
+
+    async def _finalize(self, row, status: str) -> None:
+        store = self.store.store
+        batch_id = row["id"]
+        fresh = await self.store.call(store.row, batch_id)
+        outputs = {}
+        for kind, ok in (("output", True), ("error", False)):
+            count = fresh["completed"] if ok else fresh["failed"]
+            if count or ok:
+                path = store.path_of(derived_file_id(batch_id, kind))
+                outputs[kind] = await self.store.call(Store.write_results, store, batch_id, ok, path)
+        await self.store.call(store.finish, batch_id, row["owner"], status, outputs, self.limits.file_ttl_s)
+        self._seen.pop(batch_id, None)
+        log.info("batch %s %s: %d completed, %d failed", batch_id, status, fresh["completed"], fresh["failed"])
