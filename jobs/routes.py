@@ -31,7 +31,7 @@ from quiver.jobs.store import AsyncStore, new_id, owner_of
 FORM_SLACK_BYTES = 64 * 1024  # multipart headers and small fields around the file
 WINDOW = re.compile(r"^(\d{1,4})h$")
 MAX_LIST_LIMIT = 100
-PART_LINES = 1024
+PART_LINES = 256
 
 
 def copy_counting_lines(source: IO[bytes], target: Path, max_lines: int) -> tuple[int, int]:
@@ -228,10 +228,10 @@ class BatchAPI:
 
     async def cancel_batch(self, request: Request) -> Response:
         batch_id = request.path_params["batch_id"]
-        batch = await self.store.call(self.store.store.request_cancel, batch_id, self.owner(request))
+        batch, cancellable = await self.store.call(self.store.store.request_cancel, batch_id, self.owner(request))
         if batch is None:
             raise APIError("not_found", f"no batch with id {batch_id!r}", param="batch_id")
-        if batch["status"] not in ("cancelling", "cancelled"):
+        if not cancellable and batch["status"] != "cancelling":
             raise APIError("invalid_request", f"a batch with status {batch['status']!r} cannot be cancelled",
                            param="batch_id")
         return json_response(batch)

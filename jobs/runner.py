@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ IDLE_POLL_S = 0.25
 RETRY_S = 1.0
 ATTEMPTS_BEFORE_FAILING = 8  # serving-path failures of one part that are retried before its lines fail
 EXPIRY_SWEEP_S = 60.0
+PARTS_AHEAD = 4  # parts executing at once, so that the workers never wait on a commit
 
 
 @dataclass
@@ -83,17 +85,17 @@ class Runner:
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.inflight = 0
         self.parts = PartRunner(service, self._reserve, self._release, limits.run_tokens)
-        self._seen: dict[str, set[str]] = {}
-        self._task: asyncio.Task | None = None
+        self.leader = False
+        self._tasks: list[asyncio.Future] = []
         self._last_sweep = 0.0
 
     def start(self) -> None:
-        self._task = asyncio.ensure_future(self._loop())
+        self._tasks = [asyncio.ensure_future(self._hold_lease()), asyncio.ensure_future(self._loop())]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
             await self.store.call(self.store.store.drop_lease, LEASE, self.holder)
         except Exception:  # stopping must not fail on a store problem
@@ -112,16 +114,26 @@ class Runner:
         self.inflight -= tokens
 
     # the loop ---------------------------------------------------------------------------------------
-    async def _loop(self) -> None:
+    async def _hold_lease(self) -> None:
+        """Take or renew the lease every third of its lifetime; `leader` says whether this process holds it."""
         store = self.store.store
-        renewed = 0.0
         while True:
             try:
-                if time.monotonic() - renewed > LEASE_TTL_S / 3:
-                    if not await self.store.call(store.take_lease, LEASE, self.holder, LEASE_TTL_S):
-                        await asyncio.sleep(LEASE_TTL_S / 3)
-                        continue
-                    renewed = time.monotonic()
+                self.leader = await self.store.call(store.take_lease, LEASE, self.holder, LEASE_TTL_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("batch runner: could not renew the lease")
+                self.leader = False
+            await asyncio.sleep(LEASE_TTL_S / 3)
+
+    async def _loop(self) -> None:
+        store = self.store.store
+        while True:
+            try:
+                if not self.leader:
+                    await asyncio.sleep(IDLE_POLL_S)
+                    continue
                 if time.monotonic() - self._last_sweep > EXPIRY_SWEEP_S:
                     self._last_sweep = time.monotonic()
                     await self.store.call(store.expire_files)
@@ -135,7 +147,7 @@ class Runner:
             except StoreFull as exc:
                 log.error("the data directory is full (%s); batches wait until space is freed", exc)
                 await asyncio.sleep(RETRY_S * 5)
-            except Exception:  # the runner outlives any one batch's surprise
+            except Exception:
                 log.exception("batch runner: unexpected failure; retrying")
                 await asyncio.sleep(RETRY_S)
 
@@ -151,7 +163,7 @@ class Runner:
             elif row["next_line"] >= row["total"]:
                 await self.store.call(store.set_status, batch_id, "finalizing", only_from=("in_progress",))
             else:
-                await self._run_part(row)
+                await self._run_batch(row)
         elif status == "finalizing":
             await self._finalize(row, "completed")
         elif status == "cancelling":
@@ -173,21 +185,39 @@ class Runner:
             return
         await self.store.call(store.set_status, row["id"], "in_progress", only_from=("validating",), total=total)
 
-    async def _run_part(self, row) -> None:
+    async def _run_batch(self, row) -> None:
+        """Run parts until the batch is done, cancelled, expired or taken over; PARTS_AHEAD parts at once,
+        committed in order."""
         store = self.store.store
-        batch_id = row["id"]
+        batch_id, endpoint, total = row["id"], row["endpoint"], row["total"]
         path = store.path_of(row["input_file_id"])
-        if batch_id not in self._seen:
-            self._seen = {batch_id: await asyncio.to_thread(custom_ids_before, path, row["next_offset"])}
-        seen = set(self._seen[batch_id])
-        raws, next_offset = await asyncio.to_thread(read_part, path, row["next_offset"], self.limits.part_lines)
-        first = row["next_line"]
-        lines: list[Line] = [parse_line(first + i, raw, row["endpoint"], seen) for i, raw in enumerate(raws)]
-        results = await self._execute(row["endpoint"], lines)
-        if await self.store.call(store.commit_part, batch_id, results, first, first + len(lines), next_offset):
-            self._seen[batch_id] = seen
-        else:
-            self._seen.pop(batch_id, None)  # another runner moved the cursor: start again from the store
+        line, offset = row["next_line"], row["next_offset"]
+        seen = await asyncio.to_thread(custom_ids_before, path, offset)
+        pending: deque[tuple[int, int, int, asyncio.Future]] = deque()
+        try:
+            while True:
+                while len(pending) < PARTS_AHEAD and line < total:
+                    raws, next_offset = await asyncio.to_thread(read_part, path, offset, self.limits.part_lines)
+                    if not raws:
+                        total = line  # the file ends early (it changed on disk): what it holds is the batch
+                        break
+                    lines = [parse_line(line + i, raw, endpoint, seen) for i, raw in enumerate(raws)]
+                    pending.append((line, len(lines), next_offset, asyncio.ensure_future(self._execute(endpoint, lines))))
+                    line, offset = line + len(lines), next_offset
+                if not pending:
+                    break
+                first, count, part_end, work = pending.popleft()
+                results = await work
+                if not await self.store.call(store.commit_part, batch_id, results, first, first + count, part_end):
+                    return  # another runner moved the cursor
+                now = await self.store.call(store.row, batch_id)
+                if now["status"] != "in_progress" or time.time() >= now["expires_at"]:
+                    return
+        finally:
+            for *_, work in pending:
+                work.cancel()
+            await asyncio.gather(*(work for *_, work in pending), return_exceptions=True)
+        await self.store.call(store.set_status, batch_id, "finalizing", only_from=("in_progress",))
 
     async def _execute(self, endpoint: str, lines: list[Line]) -> list[ResultLine]:
         for attempt in range(1, ATTEMPTS_BEFORE_FAILING + 1):
@@ -216,5 +246,4 @@ class Runner:
                 path = store.path_of(derived_file_id(batch_id, kind))
                 outputs[kind] = await self.store.call(Store.write_results, store, batch_id, ok, path)
         await self.store.call(store.finish, batch_id, row["owner"], status, outputs, self.limits.file_ttl_s)
-        self._seen.pop(batch_id, None)
         log.info("batch %s %s: %d completed, %d failed", batch_id, status, fresh["completed"], fresh["failed"])

@@ -191,12 +191,13 @@ class Store:
         rows = self.db.execute(query + " ORDER BY created_at DESC, id DESC LIMIT ?", (*args, limit + 1)).fetchall()
         return [batch_object(r) for r in rows[:limit]], len(rows) > limit
 
-    def request_cancel(self, batch_id: str, owner: str) -> dict[str, Any] | None:
+    def request_cancel(self, batch_id: str, owner: str) -> tuple[dict[str, Any] | None, bool]:
+        """The batch after asking it to cancel, and whether it was still cancellable."""
         now = int(time.time())
-        self._write(lambda: self.db.execute(
+        changed = self._write(lambda: self.db.execute(
             "UPDATE batches SET status = 'cancelling', cancelling_at = ? WHERE id = ? AND owner = ? AND status IN "
-            "('validating', 'in_progress')", (now, batch_id, owner)))
-        return self.get_batch(batch_id, owner)
+            "('validating', 'in_progress')", (now, batch_id, owner)).rowcount)
+        return self.get_batch(batch_id, owner), bool(changed)
 
     def runnable(self) -> sqlite3.Row | None:
         """The oldest batch that still has work (any owner): the runner's next job."""
