@@ -10,18 +10,14 @@ import numpy as np
 import openai
 import pytest
 
-from tests.cluster import Cluster
 from tests.jobs.helpers import embedding_lines, wait_final
 
 LINES = 400
 
 
 @pytest.fixture(scope="module")
-def server():
-    instance = Cluster(workers=1, frontend_args=["--batch-max-lines", "1000", "--batch-max-file-bytes", "400000"])
-    instance.start()
-    yield instance
-    instance.stop()
+def server(jobs_cluster):
+    return jobs_cluster
 
 
 @pytest.fixture(scope="module")
