@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from quiver.common.protocol import TASK_EMBED
+from quiver.frontend import metrics
 from quiver.frontend.errors import REASONS, APIError
 from quiver.frontend.http import parse
 from quiver.frontend.pipeline import Timings
@@ -34,6 +35,7 @@ from quiver.jobs.store import ResultLine
 
 EMBEDDINGS = "/v1/embeddings"
 ENDPOINTS = (EMBEDDINGS, "/v1/rerank", "/score")
+BATCH_ROUTE = "batch"  # the route label of failed batch lines in quiver_frontend's failure counter
 TRANSIENT_REASONS = frozenset({"overloaded", "unavailable", "timeout", "internal"})
 
 # Reserve(tokens) waits until the runner may put that many more tokens in flight; Release(tokens) frees them.
@@ -66,6 +68,7 @@ def success(number: int, custom_id: str, body: dict[str, Any]) -> ResultLine:
 def api_failure(number: int, custom_id: str, error: APIError) -> ResultLine:
     """A request the server refused, written as OpenAI writes it: the status and the error body."""
     status, openai_type, _ = REASONS[error.reason]
+    metrics.FAILURES.labels(BATCH_ROUTE, error.reason).inc()
     body = {"error": {"message": error.message, "type": openai_type, "param": error.param, "code": error.reason}}
     line = {"id": _request_id(), "custom_id": custom_id,
             "response": {"status_code": status, "request_id": f"req_{uuid.uuid4().hex}", "body": body}, "error": None}
@@ -74,6 +77,7 @@ def api_failure(number: int, custom_id: str, error: APIError) -> ResultLine:
 
 def line_failure(number: int, custom_id: str | None, code: str, message: str) -> ResultLine:
     """A line that is not a request at all (bad JSON, missing fields, wrong url)."""
+    metrics.FAILURES.labels(BATCH_ROUTE, code).inc()
     line = {"id": _request_id(), "custom_id": custom_id, "response": None,
             "error": {"code": code, "message": f"line {number + 1}: {message}"}}
     return ResultLine(number, False, orjson.dumps(line).decode())

@@ -8,8 +8,11 @@ counts every request and failure by route.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import re
+import sqlite3
 from pathlib import Path
 from typing import IO, Any
 
@@ -28,10 +31,16 @@ from quiver.jobs.lines import EMBEDDINGS, ENDPOINTS
 from quiver.jobs.runner import Runner, RunnerLimits
 from quiver.jobs.store import AsyncStore, new_id, owner_of
 
+log = logging.getLogger("quiver.jobs")
+
 FORM_SLACK_BYTES = 64 * 1024  # multipart headers and small fields around the file
 WINDOW = re.compile(r"^(\d{1,4})h$")
 MAX_LIST_LIMIT = 100
 PART_LINES = 256
+# (path, method) of every route, in the order of BatchAPI._handlers
+ROUTES = (("/v1/files", "POST"), ("/v1/files/{file_id}", "GET"), ("/v1/files/{file_id}", "DELETE"),
+          ("/v1/files/{file_id}/content", "GET"), ("/v1/batches", "POST"), ("/v1/batches", "GET"),
+          ("/v1/batches/{batch_id}", "GET"), ("/v1/batches/{batch_id}/cancel", "POST"))
 
 
 def copy_counting_lines(source: IO[bytes], target: Path, max_lines: int) -> tuple[int, int]:
@@ -65,30 +74,37 @@ class BatchAPI:
     def __init__(self, service: Service, settings: FrontendSettings) -> None:
         self.service = service
         self.settings = settings
-        self.store = AsyncStore(settings.data_dir)
+        try:
+            self.store = AsyncStore(settings.data_dir)
+        except (OSError, sqlite3.Error) as exc:
+            # Online serving does not depend on the store: without it only these routes refuse (503).
+            log.error("the Batch API is off: its data directory cannot be used: %s", exc)
+            self.broken = f"the Batch API is unavailable on this server: its data directory cannot be used ({exc})"
+            self.routes = [Route(path, endpoint(path, True, settings.api_key)(self.refuse), methods=[method])
+                           for path, method in ROUTES]
+            return
+        self.broken = ""
         self.runner = Runner(service, self.store, RunnerLimits(
             inflight_tokens=settings.batch_inflight_tokens, run_tokens=settings.batch_run_tokens,
             part_lines=PART_LINES, max_lines=settings.batch_max_lines, file_ttl_s=settings.batch_file_ttl_s))
-        key = settings.api_key
-        self.routes = [
-            Route(path, endpoint(path, True, key)(handler), methods=[method]) for path, method, handler in (
-                ("/v1/files", "POST", self.upload),
-                ("/v1/files/{file_id}", "GET", self.get_file),
-                ("/v1/files/{file_id}", "DELETE", self.delete_file),
-                ("/v1/files/{file_id}/content", "GET", self.file_content),
-                ("/v1/batches", "POST", self.create_batch),
-                ("/v1/batches", "GET", self.list_batches),
-                ("/v1/batches/{batch_id}", "GET", self.get_batch),
-                ("/v1/batches/{batch_id}/cancel", "POST", self.cancel_batch),
-            )
-        ]
+        self.routes = [Route(path, endpoint(path, True, settings.api_key)(handler), methods=[method])
+                       for (path, method), handler in zip(ROUTES, self._handlers())]
+
+    def _handlers(self) -> list[Any]:
+        return [self.upload, self.get_file, self.delete_file, self.file_content, self.create_batch, self.list_batches,
+                self.get_batch, self.cancel_batch]
 
     def start(self) -> None:
-        self.runner.start()
+        if not self.broken:
+            self.runner.start()
 
     async def stop(self) -> None:
-        await self.runner.stop()
-        self.store.close()
+        if not self.broken:
+            await self.runner.stop()
+            self.store.close()
+
+    async def refuse(self, request: Request) -> Response:
+        raise APIError("unavailable", self.broken)
 
     def owner(self, request: Request) -> str:
         """Whose objects a request may see: its API key's hash when keys are on, else everyone's ("")."""
@@ -144,8 +160,8 @@ class BatchAPI:
             ttl = int(seconds)
         file_id = new_id("file")
         store = self.store.store
-        size, lines = await self.store.call(copy_counting_lines, upload.file, store.path_of(file_id),
-                                            self.settings.batch_max_lines)
+        size, lines = await asyncio.to_thread(copy_counting_lines, upload.file, store.path_of(file_id),
+                                              self.settings.batch_max_lines)
         if size > self.settings.batch_max_file_bytes:
             store.path_of(file_id).unlink(missing_ok=True)
             raise APIError("body_too_large", f"the file of {size} bytes is over the "

@@ -72,7 +72,10 @@ def derived_file_id(batch_id: str, kind: str) -> str:
 
 
 def default_data_dir() -> Path:
-    """$XDG_DATA_HOME/quiver (~/.local/share/quiver) when a home exists, else ./quiver-data."""
+    """$STATE_DIRECTORY/jobs under systemd (StateDirectory=), else $XDG_DATA_HOME/quiver
+    (~/.local/share/quiver) when a home exists, else ./quiver-data."""
+    if os.environ.get("STATE_DIRECTORY"):
+        return Path(os.environ["STATE_DIRECTORY"].split(":")[0]) / "jobs"
     base = os.environ.get("XDG_DATA_HOME") or (os.path.expanduser("~/.local/share") if os.path.expanduser("~") != "~"
                                                else "")
     return Path(base) / "quiver" if base else Path("quiver-data")

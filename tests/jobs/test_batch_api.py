@@ -72,6 +72,9 @@ def test_a_job_gives_every_custom_id_once_with_the_online_vectors(server, client
         want = np.asarray(item.embedding)
         assert float(got @ want / np.linalg.norm(got) / np.linalg.norm(want)) >= 0.9999
     assert outputs[0]["response"]["body"]["usage"]["prompt_tokens"] > 0
+    metrics = httpx.get(server.url + "/metrics").text
+    for reason in ("invalid_json", "duplicate_custom_id", "empty_input"):
+        assert f'quiver_request_failures_total{{route="batch",reason="{reason}"}} 1.0' in metrics
 
 
 def test_limits_and_refusals_come_in_openai_format(server, client):
@@ -125,3 +128,16 @@ def test_cancel_list_and_pages(server, client):
     assert rest.data[0].id == made[0]
     for batch_id in made:
         assert wait_final(client, batch_id).status == "completed"
+
+
+def test_an_unusable_data_directory_turns_off_only_the_batch_routes(server, tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the data directory should be")
+    process, url = server.extra_frontend(["--data-dir", str(blocker)])
+    try:
+        refused = httpx.get(url + "/v1/batches")
+        assert refused.status_code == 503 and "data directory" in refused.json()["error"]["message"]
+        assert httpx.post(url + "/v1/embeddings", json={"input": "still serving"}).status_code == 200
+    finally:
+        process.signal(15)
+        process.wait(10)
