@@ -20,6 +20,7 @@ import asyncio
 import io
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -59,8 +60,7 @@ async def bulk_client_texts_per_s(url: str, texts: list[str]) -> float:
 
 def embed_texts_per_s(url: str, corpus: Path, output: Path, count: int) -> float:
     for leftover in output.parent.glob(output.name + "*"):
-        if leftover.is_file():
-            leftover.unlink()
+        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     done = subprocess.run([sys.executable, "-m", "quiver", "embed", str(corpus), "-o", str(output), "--url", url,
                            "--batch-size", str(BATCH), "--concurrency", str(CLIENTS), "--no-progress"],
                           capture_output=True, text=True, check=True)
@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default="http://127.0.0.1:8080")
     parser.add_argument("--texts", type=int, default=4000, help="texts in the throughput corpus")
     parser.add_argument("--max-length", type=int, default=128, help="longest corpus text, in tokens (shortest: 8)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the two throughput measurements")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating rounds of the two throughput measurements (0: skip them)")
     parser.add_argument("--online-requests", type=int, default=300)
     parser.add_argument("--batch-lines", type=int, default=20000)
     parser.add_argument("--out", type=Path, default=Path("bench/out/bulk_jobs"))
@@ -124,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
             client_rates.append(asyncio.run(bulk_client_texts_per_s(args.url, texts)))
             embed_rates.append(embed_texts_per_s(args.url, corpus, Path(scratch) / "out.parquet", len(texts)))
             print(f"bulk client {client_rates[-1]:.1f} texts/s, quiver embed {embed_rates[-1]:.1f} texts/s", flush=True)
-    results["bulk_client_texts_per_s"] = [round(r, 1) for r in client_rates]
-    results["quiver_embed_texts_per_s"] = [round(r, 1) for r in embed_rates]
-    results["embed_over_bulk"] = round(statistics.median(embed_rates) / statistics.median(client_rates), 3)
+    if args.rounds:
+        results["bulk_client_texts_per_s"] = [round(r, 1) for r in client_rates]
+        results["quiver_embed_texts_per_s"] = [round(r, 1) for r in embed_rates]
+        results["embed_over_bulk"] = round(statistics.median(embed_rates) / statistics.median(client_rates), 3)
 
     results["online_idle"] = summary(online_latencies_ms(args.url, args.online_requests))
     batch_texts = TokenCorpus(tokenizer).mixed_texts(args.batch_lines, 8, args.max_length, seed=1)

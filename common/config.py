@@ -94,8 +94,8 @@ class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     max_inflight_tokens: int = option(2_000_000, "tokens this frontend keeps in flight before answering 429")
     request_timeout_s: float = option(60.0, "deadline of a request (504 beyond)")
     tokenizer_threads: int = option(0, "threads for tokenization (0: the tokenizers library's default)")
-    data_dir: str = option("", "bulk jobs: directory of the Batch API's database and files "
-                               "(default: $XDG_DATA_HOME/quiver, i.e. ~/.local/share/quiver, else ./quiver-data)")
+    data_dir: str = option("", "bulk jobs: directory of the Batch API's database and files (default: "
+                               "$STATE_DIRECTORY/jobs under systemd, else ~/.local/share/quiver, else ./quiver-data)")
     batch_max_file_bytes: int = option(200 * 1024 * 1024, "bulk jobs: largest file POST /v1/files accepts (413 beyond)")
     batch_max_lines: int = option(50_000, "bulk jobs: lines in one batch input file (400 beyond)")
     batch_file_ttl_s: int = option(30 * 86400, "bulk jobs: seconds before a file (input, output, errors) is deleted")

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import base64
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -137,6 +138,7 @@ class Job:
                         work.cancel()
                     await asyncio.gather(*(work for _, work in pending), return_exceptions=True)
         rows, failures = await asyncio.to_thread(assemble, self.parts, count, size, self.args.output, self.output_format)
+        shutil.rmtree(self.parts.dir)  # the output holds everything now
         return rows, failures, time.monotonic() - started
 
     async def _commit(self, item: tuple[int, asyncio.Future], bar: Any) -> None:

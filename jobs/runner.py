@@ -7,8 +7,10 @@ A part's results and the batch's cursor are committed in one transaction that fi
 cursor has not moved, so a runner that lost its lease midway cannot write a line twice.
 
 Priority: the runner's lines go through the same Pipeline as online requests, but the runner keeps
-at most --batch-inflight-tokens of its own in flight, and while online requests are in flight it
-keeps at most one pipeline run going, so their chunks queue behind at most one of its runs.
+at most --batch-inflight-tokens of its own in flight, in runs of --batch-run-tokens, and starts a run
+only once this process's online requests have left the pipeline for ONLINE_QUIET_S; under steady
+online load it still starts one run every MAX_YIELD_S, so a batch always progresses. It sees only its
+own process's online requests: with several HTTP processes the others' traffic does not slow it.
 
 Batches move validating → in_progress → finalizing → completed, or → failed (input file gone or
 too many lines), cancelling → cancelled, expired (past the completion window, with what was done).
@@ -38,6 +40,9 @@ IDLE_POLL_S = 0.25
 RETRY_S = 1.0
 ATTEMPTS_BEFORE_FAILING = 8  # serving-path failures of one part that are retried before its lines fail
 EXPIRY_SWEEP_S = 60.0
+ONLINE_QUIET_S = 0.05  # the runner starts new work only after online requests left it this long
+MAX_YIELD_S = 2.0  # ... or after waiting this long with nothing of its own in flight
+POLL_S = 0.002
 PARTS_AHEAD = 4  # parts executing at once, so that the workers never wait on a commit
 
 
@@ -86,6 +91,7 @@ class Runner:
         self.inflight = 0
         self.parts = PartRunner(service, self._reserve, self._release, limits.run_tokens)
         self.leader = False
+        self._online_seen = 0.0
         self._tasks: list[asyncio.Future] = []
         self._last_sweep = 0.0
 
@@ -103,11 +109,19 @@ class Runner:
 
     # priority ---------------------------------------------------------------------------------------
     async def _reserve(self, tokens: int) -> None:
-        while self.inflight:
-            online = self.service.pipeline.inflight_tokens - self.inflight
-            if online <= 0 and self.inflight + tokens <= self.limits.inflight_tokens:
+        """Wait until online requests have been quiet for ONLINE_QUIET_S and the runner's budget has room;
+        under steady online load, still start one run after MAX_YIELD_S so that a batch always progresses."""
+        waiting_since = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if self.service.pipeline.inflight_tokens - self.inflight > 0:
+                self._online_seen = now
+            room = self.inflight == 0 or self.inflight + tokens <= self.limits.inflight_tokens
+            if room and now - self._online_seen >= ONLINE_QUIET_S:
                 break
-            await asyncio.sleep(0.002)
+            if self.inflight == 0 and now - waiting_since >= MAX_YIELD_S:
+                break
+            await asyncio.sleep(POLL_S)
         self.inflight += tokens
 
     def _release(self, tokens: int) -> None:
