@@ -7,7 +7,8 @@ A part's results and the batch's cursor are committed in one transaction that fi
 cursor has not moved, so a runner that lost its lease midway cannot write a line twice.
 
 Priority: the runner's lines go through the same Pipeline as online requests, but the runner keeps
-at most --batch-inflight-tokens of its own in flight, in runs of --batch-run-tokens, and starts a run
+only about INFLIGHT_TARGET_S of work in flight, in runs of about RUN_TARGET_S, measured by its own
+rate (and never more than --batch-inflight-tokens, in runs of --batch-run-tokens), and starts a run
 only once this process's online requests have left the pipeline for ONLINE_QUIET_S; under steady
 online load it still starts one run every MAX_YIELD_S, so a batch always progresses. It sees only its
 own process's online requests: with several HTTP processes the others' traffic does not slow it.
@@ -43,6 +44,9 @@ EXPIRY_SWEEP_S = 60.0
 ONLINE_QUIET_S = 0.05  # the runner starts new work only after online requests left it this long
 MAX_YIELD_S = 2.0  # ... or after waiting this long with nothing of its own in flight
 POLL_S = 0.002
+INFLIGHT_TARGET_S = 0.25  # the runner holds at most this much of its measured work in flight ...
+RUN_TARGET_S = 0.05  # ... in runs of about this long, so an online request waits behind little of it
+MIN_RUN_TOKENS = 256
 PARTS_AHEAD = 4  # parts executing at once, so that the workers never wait on a commit
 
 
@@ -92,6 +96,9 @@ class Runner:
         self.parts = PartRunner(service, self._reserve, self._release, limits.run_tokens)
         self.leader = False
         self._online_seen = 0.0
+        self._done_tokens = 0  # tokens of finished runs, over the time the runner had work in flight: its rate
+        self._busy_s = 0.0
+        self._busy_from = 0.0
         self._tasks: list[asyncio.Future] = []
         self._last_sweep = 0.0
 
@@ -108,24 +115,37 @@ class Runner:
             log.exception("could not drop the runner's lease")
 
     # priority ---------------------------------------------------------------------------------------
+    def _cap(self) -> int:
+        """Tokens the runner may hold in flight: INFLIGHT_TARGET_S of its measured rate, within the limits."""
+        if self._busy_s <= 0:
+            return self.parts.run_tokens
+        rate = self._done_tokens / self._busy_s
+        self.parts.run_tokens = int(min(self.limits.run_tokens, max(MIN_RUN_TOKENS, rate * RUN_TARGET_S)))
+        return int(min(self.limits.inflight_tokens, max(self.parts.run_tokens, rate * INFLIGHT_TARGET_S)))
+
     async def _reserve(self, tokens: int) -> None:
-        """Wait until online requests have been quiet for ONLINE_QUIET_S and the runner's budget has room;
-        under steady online load, still start one run after MAX_YIELD_S so that a batch always progresses."""
+        """Wait until online requests have been quiet for ONLINE_QUIET_S and the runner has room; under
+        steady online load, still start one run after MAX_YIELD_S so that a batch always progresses."""
         waiting_since = time.monotonic()
         while True:
             now = time.monotonic()
             if self.service.pipeline.inflight_tokens - self.inflight > 0:
                 self._online_seen = now
-            room = self.inflight == 0 or self.inflight + tokens <= self.limits.inflight_tokens
+            room = self.inflight == 0 or self.inflight + tokens <= self._cap()
             if room and now - self._online_seen >= ONLINE_QUIET_S:
                 break
             if self.inflight == 0 and now - waiting_since >= MAX_YIELD_S:
                 break
             await asyncio.sleep(POLL_S)
+        if self.inflight == 0:
+            self._busy_from = time.monotonic()
         self.inflight += tokens
 
     def _release(self, tokens: int) -> None:
         self.inflight -= tokens
+        self._done_tokens += tokens
+        if self.inflight == 0:
+            self._busy_s += time.monotonic() - self._busy_from
 
     # the loop ---------------------------------------------------------------------------------------
     async def _hold_lease(self) -> None:
