@@ -186,12 +186,12 @@ class Store:
         """Newest first, `limit` of them, starting after the batch `after`; and whether more follow."""
         query, args = "SELECT * FROM batches WHERE owner = ?", [owner]
         if after:
-            anchor = self.db.execute("SELECT created_at, id FROM batches WHERE id = ? AND owner = ?",
-                                     (after, owner)).fetchone()
+            anchor = self.db.execute("SELECT rowid FROM batches WHERE id = ? AND owner = ?", (after, owner)).fetchone()
             if anchor:
-                query += " AND (created_at < ? OR (created_at = ? AND id < ?))"
-                args += [anchor["created_at"], anchor["created_at"], anchor["id"]]
-        rows = self.db.execute(query + " ORDER BY created_at DESC, id DESC LIMIT ?", (*args, limit + 1)).fetchall()
+                query += " AND rowid < ?"
+                args.append(anchor["rowid"])
+        # rowid grows with each insert: creation order, even within one second
+        rows = self.db.execute(query + " ORDER BY rowid DESC LIMIT ?", (*args, limit + 1)).fetchall()
         return [batch_object(r) for r in rows[:limit]], len(rows) > limit
 
     def request_cancel(self, batch_id: str, owner: str) -> tuple[dict[str, Any] | None, bool]:
@@ -205,7 +205,7 @@ class Store:
     def runnable(self) -> sqlite3.Row | None:
         """The oldest batch that still has work (any owner): the runner's next job."""
         marks = ", ".join("?" * len(ACTIVE_STATUSES))
-        return self.db.execute(f"SELECT * FROM batches WHERE status IN ({marks}) ORDER BY created_at, id LIMIT 1",
+        return self.db.execute(f"SELECT * FROM batches WHERE status IN ({marks}) ORDER BY rowid LIMIT 1",
                                ACTIVE_STATUSES).fetchone()
 
     def row(self, batch_id: str) -> sqlite3.Row:

@@ -74,7 +74,7 @@ def test_a_job_gives_every_custom_id_once_with_the_online_vectors(server, client
     assert outputs[0]["response"]["body"]["usage"]["prompt_tokens"] > 0
     metrics = httpx.get(server.url + "/metrics").text
     for reason in ("invalid_json", "duplicate_custom_id", "empty_input"):
-        assert f'quiver_request_failures_total{{route="batch",reason="{reason}"}} 1.0' in metrics
+        assert f'quiver_request_failures_total{{reason="{reason}",route="batch"}} 1.0' in metrics
 
 
 def test_limits_and_refusals_come_in_openai_format(server, client):
