@@ -19,8 +19,6 @@ from typing import Any, Iterator
 
 import numpy as np
 
-FORMATS = ("jsonl", "csv", "parquet", "text")
-
 
 @dataclass
 class Part:
