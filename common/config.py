@@ -125,6 +125,13 @@ class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     max_connections: int = option(512, "open HTTP connections per process; more are closed at once (kept "
                                        "under the usual 1,024 open-file limit)")
     max_header_bytes: int = option(65536, "bytes of request line and headers before a connection is closed")
+    data_dir: str = option("", "bulk jobs: directory of the Batch API's database and files (default: "
+                               "$STATE_DIRECTORY/jobs under systemd, else ~/.local/share/quiver, else ./quiver-data)")
+    batch_max_file_bytes: int = option(200 * 1024 * 1024, "bulk jobs: largest file POST /v1/files accepts (413 beyond)")
+    batch_max_lines: int = option(50_000, "bulk jobs: lines in one batch input file (400 beyond)")
+    batch_file_ttl_s: int = option(30 * 86400, "bulk jobs: seconds before a file (input, output, errors) is deleted")
+    batch_inflight_tokens: int = option(65536, "bulk jobs: tokens the batch runner keeps in flight at most")
+    batch_run_tokens: int = option(4096, "bulk jobs: tokens in one pipeline run of the batch runner")
 
 
 @dataclass

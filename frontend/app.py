@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import AsyncIterator
+from importlib.metadata import entry_points
+from typing import AsyncIterator, Protocol
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,12 +22,29 @@ from quiver.common.security import client_from
 from quiver.common.fingerprint import model_fingerprint
 from quiver.frontend.broker_client import BrokerClient
 from quiver.frontend.errors import OPENAI, TEI, APIError, render
-from quiver.frontend.http import endpoint
+from quiver.frontend.http import RouteSpec, endpoint
 from quiver.frontend.openapi import build_openapi
 from quiver.frontend.routes import ROUTES
 from quiver.frontend.service import Service, served_names
 
 log = logging.getLogger("quiver.frontend")
+
+# Installed packages that add routes to the frontend (the Batch API of quiver.jobs): each entry point
+# names a factory (service, settings) -> an object with `routes` (RouteSpecs), `start()` and `stop()`.
+EXTENSIONS_GROUP = "quiver.frontend_extensions"
+
+
+class Extension(Protocol):
+    routes: list[RouteSpec]
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def load_extensions(service: Service, settings: FrontendSettings) -> list[Extension]:
+    """The frontend extensions installed beside Quiver, built for this service."""
+    return [entry.load()(service, settings) for entry in entry_points(group=EXTENSIONS_GROUP)]
 
 
 def create_app(settings: FrontendSettings) -> Starlette:
@@ -36,15 +54,21 @@ def create_app(settings: FrontendSettings) -> Starlette:
                           curve=client_from(settings.curve_secret_key, settings.curve_broker_key),
                           fingerprint=model_fingerprint(info.path), model=info.name)
     service = Service(settings, info, client)
-    routes = [Route(spec.path, endpoint(spec, service, settings), methods=[spec.method]) for spec in ROUTES]
+    extensions = load_extensions(service, settings)
+    specs = ROUTES + tuple(spec for extension in extensions for spec in extension.routes)
+    routes = [Route(spec.path, endpoint(spec, service, settings), methods=[spec.method]) for spec in specs]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await client.start()
+        for extension in extensions:
+            extension.start()
         if not await client.wait_for_broker(settings.liveness_window_s):
             log.warning("the broker at %s has not answered yet; answering 503 until it does", settings.broker)
         log.info("frontend serving %s (%s) through broker %s", service.model_name, info.kind, settings.broker)
         yield
+        for extension in extensions:
+            await extension.stop()
         await client.close()
         service.tokenizer.pool.shutdown(wait=False, cancel_futures=True)
 
@@ -56,5 +80,5 @@ def create_app(settings: FrontendSettings) -> Starlette:
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.service = service
-    app.state.openapi = build_openapi(ROUTES, keyed=bool(settings.api_key))
+    app.state.openapi = build_openapi(specs, keyed=bool(settings.api_key))
     return app

@@ -83,7 +83,8 @@ class Cluster:
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("QUIVER_")}
-        env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **self.env})
+        env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                    "QUIVER_DATA_DIR": str(self.dir / "data"), **self.env})
         return env
 
     def start_broker(self) -> Process:

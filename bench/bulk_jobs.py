@@ -1,0 +1,154 @@
+"""Bulk jobs against a running Quiver: `quiver embed` beside the bulk benchmark's client, and the online
+p99 with and without a Batch API job running.
+
+    python -m quiver.bench.bulk_jobs --url http://127.0.0.1:8080 --texts 4000 --out bench/out/bulk_jobs
+
+Throughput: the same mixed-length corpus as `quiver bench`'s bulk benchmark (TokenCorpus.mixed_texts),
+sent the way that benchmark sends it (CLIENTS clients taking 64-text batches from one queue,
+POST /v1/embeddings), then embedded by `quiver embed` from a Parquet file with the same batch size
+and concurrency; the two alternate `--rounds` times and the medians are compared. `quiver embed`'s
+time is its own report (reading, requests, committed parts and the assembled output).
+
+Priority: one client sends single short texts one after another (`--online-requests` of them) and
+records each latency, first on an idle server, then while a batch job of `--batch-lines` lines runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from quiver.bench.corpus import TokenCorpus
+from quiver.common.model_info import default_model_dir, load_model_info
+
+CLIENTS = 4
+BATCH = 64
+
+
+async def bulk_client_texts_per_s(url: str, texts: list[str]) -> float:
+    batches = [texts[i:i + BATCH] for i in range(0, len(texts), BATCH)]
+    queue: asyncio.Queue[list[str]] = asyncio.Queue()
+    for batch in batches:
+        queue.put_nowait(batch)
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        for batch in batches[:2]:
+            (await client.post("/v1/embeddings", json={"input": batch})).raise_for_status()
+
+        async def drain() -> None:
+            while not queue.empty():
+                batch = queue.get_nowait()
+                (await client.post("/v1/embeddings", json={"input": batch})).raise_for_status()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(drain() for _ in range(CLIENTS)))
+        return len(texts) / (time.perf_counter() - started)
+
+
+def embed_texts_per_s(url: str, corpus: Path, output: Path, count: int) -> tuple[float, float]:
+    """`quiver embed`'s texts/s over its whole run (reading, assembling the output) and over its embedding phase."""
+    for leftover in output.parent.glob(output.name + "*"):
+        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+    done = subprocess.run([sys.executable, "-m", "quiver", "embed", str(corpus), "-o", str(output), "--url", url,
+                           "--batch-size", str(BATCH), "--concurrency", str(CLIENTS), "--no-progress"],
+                          capture_output=True, text=True, check=True)
+    total_s, embedding_s = re.search(r"in ([0-9.]+) s \(([0-9.]+) s embedding", done.stderr).groups()  # type: ignore[union-attr]
+    return count / float(total_s), count / float(embedding_s)
+
+
+def online_latencies_ms(url: str, requests: int) -> list[float]:
+    latencies = []
+    with httpx.Client(base_url=url, timeout=60) as client:
+        for i in range(requests):
+            started = time.perf_counter()
+            client.post("/v1/embeddings", json={"input": f"an online query number {i} about vector search"}).raise_for_status()
+            latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
+
+
+def summary(latencies: list[float]) -> dict[str, float]:
+    values = np.asarray(latencies)
+    return {"p50_ms": round(float(np.percentile(values, 50)), 2), "p99_ms": round(float(np.percentile(values, 99)), 2),
+            "mean_ms": round(float(values.mean()), 2), "requests": len(latencies)}
+
+
+def start_batch(url: str, texts: list[str]) -> str:
+    lines = "\n".join(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v1/embeddings",
+                                  "body": {"input": text}}) for i, text in enumerate(texts))
+    uploaded = httpx.post(url + "/v1/files", files={"file": ("batch.jsonl", io.BytesIO(lines.encode()))},
+                          data={"purpose": "batch"}, timeout=120).json()
+    batch = httpx.post(url + "/v1/batches", json={"input_file_id": uploaded["id"], "endpoint": "/v1/embeddings",
+                                                 "completion_window": "24h"}).json()
+    while batch["status"] == "validating" or batch["request_counts"]["completed"] == 0:
+        time.sleep(0.1)
+        batch = httpx.get(f"{url}/v1/batches/{batch['id']}").json()
+    return str(batch["id"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default="http://127.0.0.1:8080")
+    parser.add_argument("--texts", type=int, default=4000, help="texts in the throughput corpus")
+    parser.add_argument("--max-length", type=int, default=128, help="longest corpus text, in tokens (shortest: 8)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating rounds of the two throughput measurements (0: skip them)")
+    parser.add_argument("--online-requests", type=int, default=300)
+    parser.add_argument("--batch-lines", type=int, default=20000)
+    parser.add_argument("--out", type=Path, default=Path("bench/out/bulk_jobs"))
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_model_info(default_model_dir()).tokenizer_path
+    texts = TokenCorpus(tokenizer).mixed_texts(args.texts, 8, args.max_length)
+    results: dict[str, Any] = {"url": args.url, "texts": args.texts, "max_length": args.max_length,
+                               "clients": CLIENTS, "batch": BATCH}
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory() as scratch:
+        corpus = Path(scratch) / "corpus.parquet"
+        pq.write_table(pa.table({"text": texts}), corpus)
+        client_rates, embed_rates, embed_phase_rates = [], [], []
+        for _ in range(args.rounds):
+            client_rates.append(asyncio.run(bulk_client_texts_per_s(args.url, texts)))
+            whole, phase = embed_texts_per_s(args.url, corpus, Path(scratch) / "out.parquet", len(texts))
+            embed_rates.append(whole)
+            embed_phase_rates.append(phase)
+            print(f"bulk client {client_rates[-1]:.1f} texts/s, quiver embed {whole:.1f} texts/s "
+                  f"({phase:.1f} while embedding)", flush=True)
+    if args.rounds:
+        results["bulk_client_texts_per_s"] = [round(r, 1) for r in client_rates]
+        results["quiver_embed_texts_per_s"] = [round(r, 1) for r in embed_rates]
+        results["quiver_embed_embedding_phase_texts_per_s"] = [round(r, 1) for r in embed_phase_rates]
+        results["embed_over_bulk"] = round(statistics.median(embed_rates) / statistics.median(client_rates), 3)
+        results["embed_phase_over_bulk"] = round(statistics.median(embed_phase_rates) / statistics.median(client_rates), 3)
+
+    results["online_idle"] = summary(online_latencies_ms(args.url, args.online_requests))
+    batch_texts = TokenCorpus(tokenizer).mixed_texts(args.batch_lines, 8, args.max_length, seed=1)
+    batch_id = start_batch(args.url, batch_texts)
+    results["online_during_batch"] = summary(online_latencies_ms(args.url, args.online_requests))
+    batch = httpx.get(f"{args.url}/v1/batches/{batch_id}").json()
+    results["batch_still_running_at_end"] = batch["status"] == "in_progress"
+    results["batch_lines_done_during_measurement"] = batch["request_counts"]["completed"]
+    httpx.post(f"{args.url}/v1/batches/{batch_id}/cancel")
+    results["p99_rise"] = round(results["online_during_batch"]["p99_ms"] / results["online_idle"]["p99_ms"] - 1, 3)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
