@@ -1,4 +1,4 @@
-"""The floor of Quiver's batch-1 path on this host, and how far above it Quiver runs (issue 19).
+"""The floor of Quiver's batch-1 path on this host, and how far above it Quiver runs.
 
 In one run, sequential requests through:
   (a) raw pyzmq: a client DEALER -> a broker process (two ROUTERs, forwarding frames unopened) -> a worker

@@ -14,6 +14,7 @@ from quiver.frontend.http import RouteSpec
 STATUS_TEXT = {
     400: "malformed request, an over-long input (OpenAI-style routes), or a route that does not fit the model's kind",
     401: "missing or wrong API key",
+    404: "no such object (an unknown or another key's file or batch) or model",
     408: "the request body did not arrive in time",
     413: "body, batch or answer too large",
     415: "the body is not sent as application/json",

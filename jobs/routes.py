@@ -57,7 +57,7 @@ def _route(path: str, method: str, summary: str, handler: Handler) -> RouteSpec:
     """A route-table entry; only batch creation has a JSON body for the prologue to read and parse
     (an upload is multipart, read by its handler)."""
     creates_batch = (path, method) == ("/v1/batches", "POST")
-    return RouteSpec(path, method, summary, handler, None, OBJECT_SCHEMA, OPENAI, statuses=(404, 503),
+    return RouteSpec(path, method, summary, handler, None, OBJECT_SCHEMA, OPENAI, statuses=(400, 404, 413, 503),
                      request_schema=CREATE_BATCH_SCHEMA if creates_batch else None)
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for issue 11: the GPU tests of the graph set and the LazyTensor pipeline, then the
+# One device call: the GPU tests of the graph set and the LazyTensor pipeline, then the
 # concurrency and batch-1 latency benchmarks on a freshly started server (concurrency first, so that its
 # first run is the server's first traffic), with the worker's step and busy-time counters after it.
 #   OUT=$OUT bash bench/engine/tail_run.sh        (TESTS, STAND_IN, BENCH_ARGS, *_TIMEOUT to change it)

@@ -1,4 +1,4 @@
-"""Issue 14, items 1 and 4, with the real `openai` client: GET /v1/models, any `model` accepted with one
+"""With the real `openai` client: GET /v1/models, any `model` accepted with one
 model served (counted) unless --strict-model-name, aliases from --served-model-name, an over-long
 input answered 400 as OpenAI does; /openapi.json lists for the probes only the statuses they give."""
 

@@ -1,4 +1,4 @@
-"""Issue 14, items 2–5 for scorers: vLLM's /score and /v1/score with each of its field names and
+"""Scorers: vLLM's /score and /v1/score with each of its field names and
 use_activation; /v2/rerank for vLLM and Cohere's v2 client; rerank usage with prompt_tokens; documents
 in the results as each peer's default; TEI's POST / reranks for a one-label cross-encoder."""
 

@@ -1,4 +1,4 @@
-"""Issue 14, items 2 and 4: Text Embeddings Inference's POST / and POST /invocations, dispatched by the
+"""Text Embeddings Inference's POST / and POST /invocations, dispatched by the
 model's kind as TEI does; huggingface_hub's InferenceClient(base_url=...) works unchanged; a route the
 model cannot serve is TEI's 424."""
 

@@ -354,7 +354,7 @@ SCORER_ERRORS = [
     ("/predict", {"inputs": [["a", "b", "c"]]}, 422, "Validation", "pair"),
     ("/predict", {"inputs": []}, 400, "Empty", "empty"),
     ("/v1/embeddings", {"input": "x"}, 400, "wrong_model_kind", "classifier model with 1 label"),
-    ("/embed", {"inputs": "x"}, 424, "Backend", "needs an embedding model"),  # TEI's 424 (issue 14, item 4)
+    ("/embed", {"inputs": "x"}, 424, "Backend", "needs an embedding model"),  # TEI's 424
 ]
 
 
@@ -402,7 +402,7 @@ def test_predict_labels_equal_transformers(classifier):
 
 
 def test_classifier_with_three_labels_does_not_rank(classifier):
-    # TEI answers a route its model cannot serve with 424, the OpenAI-style routes with 400 (issue 14, item 4).
+    # TEI answers a route its model cannot serve with 424, the OpenAI-style routes with 400.
     for route, body, status in (("/rerank", {"query": QUERY, "texts": ["x"]}, 424),
                                 ("/score", {"text_1": "a", "text_2": "b"}, 400),
                                 ("/v1/rerank", {"query": QUERY, "documents": ["x"]}, 400)):

@@ -40,7 +40,7 @@ CASES = [
     ("/v1/embeddings", {"input": [[]]}, 400, "empty_input", "empty"),
     ("/v1/embeddings", {"input": [1, 2, 30522]}, 422, "token_out_of_vocabulary", "30522"),
     ("/v1/embeddings", {"input": [-1]}, 422, "token_out_of_vocabulary", "vocabulary"),
-    # Over-long input: 400 on OpenAI-style routes, as OpenAI and vLLM answer (issue 14, item 4).
+    # Over-long input: 400 on OpenAI-style routes, as OpenAI and vLLM answer.
     ("/v1/embeddings", {"input": "word " * 400}, 400, "input_too_long", "256"),
     ("/v1/embeddings", {"input": [5] * 300}, 400, "input_too_long", "256"),
     ("/v1/embeddings", {"input": ["x"] * 2049}, 413, "too_many_inputs", "2048"),

@@ -1,4 +1,4 @@
-"""Issue 12, item 10: the in-flight check comes before the body is read, parsed or tokenized,
+"""The in-flight check comes before the body is read, parsed or tokenized,
 estimated from the body's declared size; the exact token count still settles it afterwards."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12, item 8: no 500 for a client's mistake. Token ids beyond int64 get the API's own 422, and
+"""No 500 for a client's mistake. Token ids beyond int64 get the API's own 422, and
 a client that leaves in the middle of its body is counted as client_disconnected, with no traceback."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12, item 6: slowloris headers, slow bodies, idle and surplus connections are cut, with real
+"""Slowloris headers, slow bodies, idle and surplus connections are cut, with real
 raw sockets against a real frontend; the limits show in /info and the server keeps serving."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12, item 12: /openapi.json needs the key when one is set; bodies are JSON only (415 for the
+"""/openapi.json needs the key when one is set; bodies are JSON only (415 for the
 content types cross-site forms use); a server bound to loopback answers only loopback Host names."""
 
 from __future__ import annotations

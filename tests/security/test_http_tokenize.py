@@ -1,4 +1,4 @@
-"""Issue 12, item 5: a huge /tokenize runs off the event loop (health stays 200 while it runs) and its
+"""A huge /tokenize runs off the event loop (health stays 200 while it runs) and its
 answer is bounded (413 past --max-tokenize-tokens) instead of multiplying the body's memory."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12 item 1, CurveZMQ: a key is bound to its role. A frontend's key pair, admitted on the
+"""CurveZMQ: a key is bound to its role. A frontend's key pair, admitted on the
 frontend endpoint, cannot register as a worker; a worker's key cannot speak as a frontend."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12 items 9 and 11: the broker bounds what a peer can make it hold. An oversized frame gets its
+"""The broker bounds what a peer can make it hold. An oversized frame gets its
 sender disconnected before it is buffered; lost workers' metric series go away; a live worker that
 sits on a chunk past its hold budget loses it to another worker, and its late answer is dropped."""
 

@@ -1,4 +1,4 @@
-"""Issue 14 item 10: the broker refuses a worker whose model differs from the one its frontends
+"""The broker refuses a worker whose model differs from the one its frontends
 expect (fingerprints over config, tokenizer and weights' identity), so no chunk ever runs on another
 model; the refused worker is told why."""
 

@@ -1,4 +1,4 @@
-"""Issue 12 item 2: a broker killed with -9 under load and started again within the liveness window,
+"""A broker killed with -9 under load and started again within the liveness window,
 with the default heartbeat settings (1 s × 3), loses no request: every frontend sees the new broker's
 instance id in its next heartbeat reply and sends again every chunk it waits for; the workers
 register again when the new broker tells them to."""

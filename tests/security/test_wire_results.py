@@ -1,4 +1,4 @@
-"""Issue 12 item 1: forged and malformed results never reach a frontend; rogue workers never register.
+"""Forged and malformed results never reach a frontend; rogue workers never register.
 
 Each test starts a real broker process and talks to it over ZeroMQ with plain pyzmq sockets: an
 honest frontend, an honest worker, and impostors that speak the same protocol."""

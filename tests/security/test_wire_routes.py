@@ -1,4 +1,4 @@
-"""Issue 12 items 3 and 4: a frontend's route and chunks are its own. Only the frontend that sent a
+"""A frontend's route and chunks are its own. Only the frontend that sent a
 chunk can cancel it; a peer presenting a connected frontend's identity does not take its route; the
 frontend's identity is random, and it rebuilds its socket (new identity) after a silent broker."""
 
