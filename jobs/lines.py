@@ -22,7 +22,7 @@ import orjson
 
 from quiver.common.protocol import TASK_EMBED
 from quiver.frontend import metrics
-from quiver.frontend.errors import REASONS, APIError
+from quiver.frontend.errors import OPENAI, status_of, REASONS, APIError
 from quiver.frontend.http import parse
 from quiver.frontend.pipeline import Timings
 from quiver.frontend.quantize import encode_rows
@@ -67,7 +67,7 @@ def success(number: int, custom_id: str, body: dict[str, Any]) -> ResultLine:
 
 def api_failure(number: int, custom_id: str, error: APIError) -> ResultLine:
     """A request the server refused, written as OpenAI writes it: the status and the error body."""
-    status, openai_type, _ = REASONS[error.reason]
+    status, openai_type = status_of(error.reason, OPENAI), REASONS[error.reason][1]
     metrics.FAILURES.labels(BATCH_ROUTE, error.reason).inc()
     body = {"error": {"message": error.message, "type": openai_type, "param": error.param, "code": error.reason}}
     line = {"id": _request_id(), "custom_id": custom_id,
@@ -140,7 +140,7 @@ class PartRunner:
         for line in lines:
             assert line.custom_id is not None
             try:
-                req: EmbeddingRequest = parse(EmbeddingRequest, line.body, True)
+                req: EmbeddingRequest = parse(EmbeddingRequest, line.body, OPENAI)
                 service.check_model(req.model)
                 service.require_kind("embedding", EMBEDDINGS)
                 service.check_dimensions(req.dimensions)
@@ -195,14 +195,14 @@ class PartRunner:
         service = self.service
         try:
             if endpoint == "/v1/rerank":
-                rerank: CohereRerankRequest = parse(CohereRerankRequest, line.body, True)
+                rerank: CohereRerankRequest = parse(CohereRerankRequest, line.body, OPENAI)
                 service.check_model(rerank.model)
                 texts = [doc if isinstance(doc, str) else doc.text for doc in rerank.documents]
                 queries: str | list[str] = rerank.query
                 options: dict[str, Any] = dict(truncate=rerank.truncate, direction="right", raw_scores=False,
                                                instruction=rerank.instruction, param="documents")
             else:
-                pairs: ScoreRequest = parse(ScoreRequest, line.body, True)
+                pairs: ScoreRequest = parse(ScoreRequest, line.body, OPENAI)
                 service.check_model(pairs.model)
                 if isinstance(pairs.text_1, list) and not pairs.text_1:
                     raise APIError("empty_input", "'text_1' must not be empty", param="text_1")

@@ -129,7 +129,7 @@ class Runner:
         waiting_since = time.monotonic()
         while True:
             now = time.monotonic()
-            if self.service.pipeline.inflight_tokens - self.inflight > 0:
+            if self.service.pipeline.admission.inflight - self.inflight > 0:
                 self._online_seen = now
             room = self.inflight == 0 or self.inflight + tokens <= self._cap()
             if room and now - self._online_seen >= ONLINE_QUIET_S:
