@@ -31,7 +31,7 @@ $(TEST_STAMP): $(SERVE_STAMP) bench/pyproject.toml
 install: $(SERVE_STAMP)
 
 serve: $(SERVE_STAMP)
-	@echo "==> starting quiver serve: ready once http://127.0.0.1:8080/health answers 200 (about 25 s on a busy 2-core CPU machine, 13-22 s per GPU worker)"
+	@echo "==> starting quiver serve: ready once http://127.0.0.1:8080/health answers 200 (about 25 s on a busy 2-core CPU machine; a GPU worker captures its CUDA graphs first, about 40 s for a 0.6B model on an H200)"
 	$(VENV)/bin/quiver serve $(ARGS)
 
 lint: $(TEST_STAMP)

@@ -32,6 +32,7 @@ import numpy as np
 from quiver.bench.broker_capacity import cpu_seconds, free_endpoint, start_broker
 from quiver.bench.corpus import stdlib_documents
 from quiver.bench.stand_in_peers import serve_stand_in_workers
+from quiver.common.fingerprint import model_fingerprint
 
 
 def descendants(pid: int) -> list[int]:
@@ -200,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     mp = multiprocessing.get_context("spawn")
     stop, served = mp.Event(), mp.Queue()
     names = [f"stand-in-{i}" for i in range(args.stand_in_workers)]
-    workers = mp.Process(target=serve_stand_in_workers, daemon=True, args=(worker_endpoint, names, dim, 1.0, stop, served))
+    workers = mp.Process(target=serve_stand_in_workers, daemon=True,
+                         args=(worker_endpoint, names, dim, 1.0, stop, served, "", None, model_fingerprint(model)))
     workers.start()
     rows = []
     try:

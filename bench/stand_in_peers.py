@@ -31,10 +31,11 @@ from quiver.common.transport import make_socket, send
 STAND_IN_CAPACITY_TOKENS = 1 << 24  # never the limit: the broker's routing is what is measured
 
 
-def stand_in_ready(name: str, dim: int) -> Ready:
+def stand_in_ready(name: str, dim: int, fingerprint: str = "") -> Ready:
     """READY of a stand-in worker of output width `dim` that takes any amount of work at once."""
     return Ready(version=PROTOCOL_VERSION, name=name, model="stand-in", device="none",
-                 capacity_tokens=STAND_IN_CAPACITY_TOKENS, output_dim=dim, secret=cluster_secret(),
+                 capacity_tokens=STAND_IN_CAPACITY_TOKENS, output_dim=dim, fingerprint=fingerprint,
+                 secret=cluster_secret(),
                  tasks=[TASK_EMBED], pid=os.getpid())
 
 
@@ -65,9 +66,11 @@ def _receive(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, Message | No
 
 
 def serve_stand_in_workers(endpoint: str, names: list[str], dim: int, heartbeat_s: float, stop: Any,
-                           report: Any, direct_endpoint: str = "", curve: CurveClient | None = None) -> None:
+                           report: Any, direct_endpoint: str = "", curve: CurveClient | None = None,
+                           fingerprint: str = "") -> None:
     """Process body: one DEALER per name, each registered with the broker at `endpoint`, answering every
-    CHUNK at once (over CurveZMQ with `curve`); with `direct_endpoint`, also a ROUTER there that frontends
+    CHUNK at once (over CurveZMQ with `curve`), as workers of the model `fingerprint` names (the one a real
+    frontend in front of them expects); with `direct_endpoint`, also a ROUTER there that frontends
     reach with no broker between.
     When `stop` is set, put {"timings": {chunk_id: (received_ns, answered_ns)}, "chunks_by_worker",
     "bad_messages"} on `report`."""
@@ -79,7 +82,7 @@ def serve_stand_in_workers(endpoint: str, names: list[str], dim: int, heartbeat_
         if curve is not None:
             curve.apply(sock)
         sock.connect(endpoint)
-        send(sock, stand_in_ready(name, dim))
+        send(sock, stand_in_ready(name, dim, fingerprint))
         sockets[sock] = name
         poller.register(sock, zmq.POLLIN)
     direct = None
@@ -104,7 +107,7 @@ def serve_stand_in_workers(endpoint: str, names: list[str], dim: int, heartbeat_
                     send(sock, result, identity)
                     counts[name] = counts.get(name, 0) + 1
                 elif isinstance(message, Reconnect):
-                    send(sock, stand_in_ready(name, dim))
+                    send(sock, stand_in_ready(name, dim, fingerprint))
                 elif not isinstance(message, (Heartbeat, Disconnect)):
                     bad += 1
         if time.monotonic() >= next_heartbeat:
