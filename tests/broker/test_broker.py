@@ -10,33 +10,16 @@ import pytest
 import zmq
 
 from quiver.common.protocol import (
-    PROTOCOL_VERSION, Chunk, Disconnect, Error, Heartbeat, Ready, Reconnect, Result, decode,
+    PROTOCOL_VERSION, Chunk, Disconnect, Error, Heartbeat, Ready, Reconnect, Result,
 )
-from quiver.common.transport import make_socket, send
 from tests.cluster import Cluster
+from tests.security.wire_peers import Peer as SecurityPeer
 
 INTERVAL = 0.2
 
 
-class Peer:
-    """A DEALER speaking the protocol, as a frontend or a worker would."""
-
-    def __init__(self, ctx: zmq.Context, endpoint: str, identity: bytes) -> None:
-        self.sock = make_socket(ctx, zmq.DEALER, identity=identity)
-        self.sock.connect(endpoint)
-
-    def send(self, message) -> None:
-        send(self.sock, message)
-
-    def recv(self, timeout: float = 5.0, skip_heartbeats: bool = True):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.sock.poll(max(1, int((end - time.monotonic()) * 1000))):
-                message = decode(self.sock.recv_multipart())
-                if skip_heartbeats and isinstance(message, Heartbeat):
-                    continue
-                return message
-        return None
+class Peer(SecurityPeer):
+    """tests/security's peer, registering with this file's defaults: no secret, width 2, a capacity."""
 
     def register(self, name: str, capacity: int = 1000, output_dim: int = 2, secret: str = "") -> None:
         self.send(Ready(version=PROTOCOL_VERSION, name=name, model="m", device="cpu", capacity_tokens=capacity,
