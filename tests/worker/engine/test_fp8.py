@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from quiver.common.model_info import load_model_info
+from quiver.common.model_info import ModelError, default_model_dir, load_model_info
 from quiver.worker.engine import Batch, load_engine
 from quiver.worker.engine.engine import Engine
 from quiver.worker.engine.layers.fused import plain_ops
 from quiver.worker.engine.layers.linear import FP8_DTYPE, FP8_MAX, Fp8Weight, fp8_linear, quantize_rows, quantize_weight
 from quiver.worker.engine.loader import build_model
-from quiver.worker.engine.startup import DtypeUnavailable
+from quiver.worker.engine.startup import DtypeUnavailable, check_fp8, float32_rows
 from tests.worker.engine.families import FAMILIES, VOCAB, reference_rows, write_family
 
 # e4m3 keeps 3 mantissa bits: a normal value rounds to within 2**-4 of itself; values below the
@@ -110,6 +110,22 @@ def test_fp8_models_agree_with_transformers_in_float32(family_name: str, tmp_pat
     print(f"{family_name}: fp8 weights vs float32 transformers, cosines {np.round(cosines, 5).tolist()}")
     assert cosines.min() >= 0.98
     assert cosines.min() < 1 - 1e-7  # the weights really are quantised
+
+
+def test_the_start_up_check_measures_a_real_model_and_refuses_below_its_threshold() -> None:
+    """The packaged all-MiniLM-L6-v2 (trained weights) in FP8 against its float32 self on the start-up
+    probe: the check returns the cosine it measured, and raises a ModelError that says what to do when
+    the threshold is above it."""
+    info = load_model_info(default_model_dir())
+    reference = float32_rows(info, torch.device("cpu"), 2048, 16)
+    with torch.inference_mode():
+        model = build_model(info, torch.device("cpu"), torch.float32, plain_ops(), fp8_weights=True)
+    engine = Engine(model, info, torch.device("cpu"), torch.float32, 2048, 16, cuda_graphs=False)
+    cosine = check_fp8(engine, reference, 0.98)
+    print(f"all-MiniLM-L6-v2 in FP8: least cosine {cosine} against float32 on the start-up probe")
+    assert 0.98 <= cosine < 1 - 1e-7
+    with pytest.raises(ModelError, match=r"cannot be served in FP8: .* cosine of only .* --dtype bfloat16"):
+        check_fp8(engine, reference, min(1.0, cosine + 1e-4))
 
 
 def test_load_engine_refuses_fp8_on_a_cpu(tmp_path: Path) -> None:
