@@ -155,6 +155,10 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     lengths = [n for n in LATENCY_LENGTHS if n <= args.max_length]
     workloads = [(c, n) for c, n in THROUGHPUT_WORKLOADS if n <= args.max_length]
     check_ids = random_ids(np.random.default_rng(99), 512, vocab)
+    gate: tuple[list[np.ndarray], np.ndarray] | None = None
+    if args.gate:
+        inputs = gate_inputs(path, name, args)
+        gate = inputs, float32_reference(path, pooling, inputs, args.device)
 
     if not args.skip_hf:
         model = load_reference(path, args.device, torch.bfloat16 if args.device == "cuda" else torch.float32)
@@ -176,16 +180,15 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     for dtype in args.dtypes.split(","):
         label = f"engine {dtype}" if dtype else "engine"
         result.setdefault("engines", {})[label] = bench_engine(path, dtype or None, args, vocab, lengths, workloads,
-                                                              check_ids, hf_check if not args.skip_hf else None)
+                                                              check_ids, hf_check if not args.skip_hf else None, gate)
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    if args.gate:
-        result["gate"] = gate(path, name, pooling, args)
     return result
 
 
 def bench_engine(path: Path, dtype: str | None, args: argparse.Namespace, vocab: int, lengths: list[int],
-                 workloads: list[tuple[int, int]], check_ids: np.ndarray, hf_check: np.ndarray | None) -> dict[str, Any]:
+                 workloads: list[tuple[int, int]], check_ids: np.ndarray, hf_check: np.ndarray | None,
+                 gate: tuple[list[np.ndarray], np.ndarray] | None) -> dict[str, Any]:
     engine = load_engine(path, device=args.device, dtype=dtype, fusion=args.fusion,
                          graph_max_tokens=args.graph_max_tokens, fp8_min_cosine=args.fp8_min_cosine)
     info = engine.info
@@ -198,6 +201,9 @@ def bench_engine(path: Path, dtype: str | None, args: argparse.Namespace, vocab:
     engine_check = engine.step(one_batch([check_ids])).wait()
     if hf_check is not None:
         result["cosine_engine_vs_hf_bf16"] = round(float((engine_check * hf_check).sum()), 6)
+    if gate is not None:
+        result["gate"] = judge(engine, *gate)
+        print(f"{path.name} {info.dtype} correctness gate against float32 transformers: {result['gate']}", flush=True)
     result["engine_latency_ms"], result["engine_launch_ms"] = {}, {}
     for n in lengths:
         samples, launches = engine_latency(engine, n, args.iters, vocab)
@@ -209,45 +215,52 @@ def bench_engine(path: Path, dtype: str | None, args: argparse.Namespace, vocab:
         f"{c}x{n}": round(engine_throughput(engine, c, n, args.batch_tokens, vocab), 1) for c, n in workloads
     }
     print(f"{path.name} {info.dtype} engine throughput {result['engine_throughput']}", flush=True)
+    if args.device == "cuda":
+        from quiver.bench.engine.profile_kernels import replay_ms
+        from quiver.worker.engine.engine import synthetic_batch
+
+        for tokens in (128, 4096):
+            gpu, cpu = replay_ms(engine, synthetic_batch(tokens, tokens, vocab, 0))
+            result[f"replay_ms_{tokens}"], result[f"replay_cpu_ms_{tokens}"] = round(gpu, 3), round(cpu, 3)
+        print(f"{path.name} {info.dtype} graph replay ms (GPU, CPU) at 128 / 4096: "
+              f"{result['replay_ms_128']}, {result['replay_cpu_ms_128']} / {result['replay_ms_4096']}, "
+              f"{result['replay_cpu_ms_4096']}", flush=True)
     result["engine_stats"] = engine.stats()
     result["attention_ms"] = {str(k): v for k, v in engine.selector.timings_ms.items()}
     return result
 
 
-def gate(path: Path, name: str, pooling: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The correctness gate in-process: 8 texts of the standard library's documentation (tokenized by the
-    stand-in's corpus tokenizer) and one token-id input per timed length, each alone, through the engine
-    in every dtype against transformers in float32; min cosine per dtype."""
+def gate_inputs(path: Path, name: str, args: argparse.Namespace) -> list[np.ndarray]:
+    """The correctness gate's 12 inputs: 8 texts of the standard library's documentation, tokenized by the
+    stand-in's corpus tokenizer (build_stand_in writes it beside the same weights), and token ids of the
+    standard library's text at 128, 512, 1024 and 4096 tokens."""
     from quiver.bench.corpus import TokenCorpus
     from quiver.bench.stand_ins import STAND_INS, build_stand_in
 
     stand_in = next(key for key, (builder, _) in STAND_INS.items() if builder == name)
-    build_stand_in(stand_in, Path(args.ckpt_dir), args.device)  # the same weights, a corpus tokenizer
+    build_stand_in(stand_in, Path(args.ckpt_dir), args.device)
     corpus = TokenCorpus(path / "tokenizer.json")
     texts = corpus.mixed_texts(8, 8, 256, seed=1)
     inputs = [np.asarray(e.ids, dtype=np.int32) for e in corpus.tokenizer.encode_batch(texts)]
-    inputs += [corpus.id_batch(n, 1)[0].astype(np.int32) for n in LATENCY_LENGTHS if n <= args.max_length]
-    inputs.append(corpus.id_batch(1024, 1)[0].astype(np.int32))
-    model = load_reference(path, args.device, torch.float32)
+    return inputs + [corpus.id_batch(n, 1)[0].astype(np.int32) for n in (128, 512, 1024, 4096)]
+
+
+def float32_reference(path: Path, pooling: str, inputs: list[np.ndarray], device: str) -> np.ndarray:
+    """transformers in float32, each input alone, pooled and normalised."""
+    model = load_reference(path, device, torch.float32)
     with torch.inference_mode():
-        reference = np.concatenate([
-            hf_embed(model, torch.tensor(ids[None], dtype=torch.long, device=args.device), pooling) for ids in inputs
-        ])
+        rows = [hf_embed(model, torch.tensor(ids[None], dtype=torch.long, device=device), pooling) for ids in inputs]
     del model
-    verdict: dict[str, Any] = {"inputs": len(inputs)}
-    for dtype in args.dtypes.split(","):
-        engine = load_engine(path, device=args.device, dtype=dtype or None, fusion=args.fusion, cuda_graphs=False,
-                             fp8_min_cosine=args.fp8_min_cosine)
-        rows = np.concatenate([engine.step(one_batch([ids])).wait() for ids in inputs])
-        cosines = (rows * reference).sum(1) / (np.linalg.norm(rows, axis=1) * np.linalg.norm(reference, axis=1))
-        verdict[engine.info.dtype] = {"min_cosine": round(float(cosines.min()), 6),
-                                      "mean_cosine": round(float(cosines.mean()), 6),
-                                      "passed": bool(cosines.min() >= 0.999)}
-        print(f"{name} gate {engine.info.dtype}: {verdict[engine.info.dtype]}", flush=True)
-        del engine
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
-    return verdict
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return np.concatenate(rows)
+
+
+def judge(engine: Engine, inputs: list[np.ndarray], reference: np.ndarray) -> dict[str, Any]:
+    rows = np.concatenate([engine.step(one_batch([ids])).wait() for ids in inputs])
+    cosines = (rows * reference).sum(1) / (np.linalg.norm(rows, axis=1) * np.linalg.norm(reference, axis=1))
+    return {"inputs": len(inputs), "min_cosine": round(float(cosines.min()), 6),
+            "mean_cosine": round(float(cosines.mean()), 6), "passed": bool(cosines.min() >= 0.999)}
 
 
 def markdown(results: list[dict[str, Any]]) -> str:

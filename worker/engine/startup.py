@@ -1,6 +1,6 @@
-"""load_engine: build the model, then (on a GPU) choose the fusion, size the token budget to the memory
-fraction, measure attention backends at common shapes, capture every CUDA graph, and log what the engine
-holds."""
+"""load_engine: build the model, then (on a GPU) choose the fusion and the BLAS library, size the token
+budget to the memory fraction, measure attention backends at common shapes, capture every CUDA graph, and
+log what the engine holds. With dtype fp8, the model is first held to a float32 reference."""
 
 from __future__ import annotations
 
@@ -97,6 +97,7 @@ def load_engine(
         detail["fp8_min_cosine"] = check_fp8(engine, fp8_reference, fp8_min_cosine)
     if dev.type == "cuda":
         detail.update(choose_fusion(engine, fusion))
+        detail.update(choose_blas(engine))
         phase = time.perf_counter()
         size_memory(engine, gpu_memory_fraction or DEFAULT_GPU_MEMORY_FRACTION)
         survey_attention(engine)
@@ -219,6 +220,28 @@ def choose_fusion(engine: Engine, mode: str) -> dict[str, Any]:
     return detail
 
 
+BLAS_LIBRARIES = ("cublas", "cublaslt")
+
+
+def choose_blas(engine: Engine) -> dict[str, Any]:
+    """cuBLAS or cuBLASLt for the bf16 products, whichever replays short steps (128 and 512 tokens, where
+    the products are bound by reading their weights) faster, in two alternating rounds; before any graph
+    is captured. torch's preference is process-wide: one worker serves one engine."""
+    probes = [_probe(engine, 128, 128), _probe(engine, 512, 512)]
+    times: dict[str, list[float]] = {}
+    for _ in range(2):
+        for library in BLAS_LIBRARIES:
+            torch.backends.cuda.preferred_blas_library(library)
+            sample = [_graph_time_ms(engine, p) for p in probes]
+            times[library] = [min(a, b) for a, b in zip(times.get(library, sample), sample)]
+    chosen = min(BLAS_LIBRARIES, key=lambda library: sum(times[library]))
+    torch.backends.cuda.preferred_blas_library(chosen)
+    engine.info.blas = chosen
+    log.info("blas probe (graph replay ms at 128 / 512 tokens): %s; using %s",
+             {k: [round(t, 3) for t in v] for k, v in times.items()}, chosen)
+    return {"blas_probe_ms": {k: [round(t, 3) for t in v] for k, v in times.items()}}
+
+
 def size_memory(engine: Engine, fraction: float) -> None:
     """Fit the token budget and graph buckets into fraction of the GPU; measure the activation peak."""
     figures, dev = engine.memory, engine.device
@@ -283,10 +306,10 @@ def log_startup(engine: Engine) -> None:
     info, figures = engine.info, engine.memory
     log.info(
         "engine ready: %s (%s) on %s in %s; output dim %d; up to %d tokens / %d sequences per step; "
-        "CUDA graphs %s (up to %d tokens); fusion %s; attention backends %s",
+        "CUDA graphs %s (up to %d tokens); fusion %s; products %s; attention backends %s",
         info.model.name, info.model.kind, info.device, info.dtype, info.output_dim,
         info.max_batch_tokens, info.max_batch_seqs, "on" if info.cuda_graphs else "off",
-        info.graph_max_tokens, info.fusion, info.attention_backends,
+        info.graph_max_tokens, info.fusion, info.blas, info.attention_backends,
     )
     if engine.on_gpu:
         log.info(
