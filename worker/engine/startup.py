@@ -96,7 +96,7 @@ def load_engine(
         engine.info.dtype = FP8
         detail["fp8_min_cosine"] = check_fp8(engine, fp8_reference, fp8_min_cosine)
     if dev.type == "cuda":
-        detail.update(choose_fusion(engine, fusion))
+        detail.update(choose_fusion(engine, fusion, fusion_agreement(detail.get("fp8_min_cosine"))))
         detail.update(choose_blas(engine))
         phase = time.perf_counter()
         size_memory(engine, gpu_memory_fraction or DEFAULT_GPU_MEMORY_FRACTION)
@@ -174,10 +174,17 @@ def _fusion_candidate(engine: Engine, name: str) -> ElementwiseOps:
     return engine.model.ops
 
 
-def choose_fusion(engine: Engine, mode: str) -> dict[str, Any]:
+def fusion_agreement(fp8_cosine: float | None) -> float:
+    """The least cosine a fused set must keep with the plain units: 0.999, or for an FP8 engine twice its
+    own divergence from float32 below 1 (two runs whose bf16 roundings differ by one unit meet different
+    e4m3 roundings, and drift apart by about as much as each drifts from float32)."""
+    return 0.999 if fp8_cosine is None else min(0.999, 1 - 2 * (1 - fp8_cosine))
+
+
+def choose_fusion(engine: Engine, mode: str, min_agreement: float = 0.999) -> dict[str, Any]:
     """Build the fused elementwise sets (torch.compile, hand-written Triton, or, under "auto", both);
-    keep one only if it agrees with the plain units, and under "auto" the one whose graph replays
-    measure fastest, plain included."""
+    keep one only if it agrees with the plain units (cosine above min_agreement), and under "auto" the one
+    whose graph replays measure fastest, plain included."""
     if mode == "none":
         return {}
     plain: ElementwiseOps = engine.model.ops
@@ -196,7 +203,7 @@ def choose_fusion(engine: Engine, mode: str) -> dict[str, Any]:
         finally:
             engine.model.ops = plain
             detail[f"{name}_s"] = elapsed_since(start)
-        if cosine <= 0.999:
+        if cosine <= min_agreement:
             log.warning("%s units disagree with plain ones (cosine %.6f); not used", name, cosine)
             continue
         candidates.append(ops)

@@ -24,7 +24,7 @@ from quiver.worker.engine.engine import Engine
 from quiver.worker.engine.layers.fused import plain_ops
 from quiver.worker.engine.layers.linear import FP8_DTYPE, FP8_MAX, Fp8Weight, fp8_linear, quantize_rows, quantize_weight
 from quiver.worker.engine.loader import build_model
-from quiver.worker.engine.startup import DtypeUnavailable, check_fp8, float32_rows
+from quiver.worker.engine.startup import DtypeUnavailable, check_fp8, float32_rows, fusion_agreement
 from tests.worker.engine.families import FAMILIES, VOCAB, reference_rows, write_family
 
 # e4m3 keeps 3 mantissa bits: a normal value rounds to within 2**-4 of itself; values below the
@@ -150,3 +150,9 @@ def test_serve_on_a_cpu_asked_for_fp8_exits_2_with_the_reason() -> None:
     done = _quiver("serve", "--device", "cpu", "--dtype", "fp8")
     assert done.returncode == 2, done.stderr[-2000:]
     assert "--dtype fp8 needs" in done.stderr
+
+
+def test_fused_sets_of_an_fp8_engine_are_held_to_fp8s_own_divergence() -> None:
+    assert fusion_agreement(None) == 0.999  # bf16 / float32 engines: as before
+    assert fusion_agreement(0.9999) == 0.999  # never looser than that
+    assert fusion_agreement(0.99) == pytest.approx(0.98)

