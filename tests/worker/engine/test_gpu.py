@@ -1,5 +1,6 @@
-"""GPU tests (skipped without CUDA): bf16 at real shapes against a float32 reference, graph replay equal
-to eager, and 10,000 random batches through the double-buffered LazyTensor pipeline.
+"""GPU tests (skipped without CUDA): bf16 at real shapes against a float32 reference, FP8 accepted only
+with its accuracy (else refused), graph replay equal to eager (bf16 and FP8), and 10,000 random batches
+through the double-buffered LazyTensor pipeline.
 
 Real-shape checkpoints are written once per run; QUIVER_ENGINE_CKPT_DIR (set by the benchmark's device
 script) lets this file reuse those of engine_bench.py.

@@ -2,9 +2,9 @@
 
 Each function is one fusion unit: on the GPU, torch.compile turns it into one or two Triton kernels
 (residual add + norm, q/k norm + rotary, SwiGLU, GELU, embedding sum + LayerNorm, an FP8 product's
-per-token activation quantisation), or triton_ops.py
-replaces it with a hand-written kernel; on the CPU, or with fusion off, the same functions run as plain
-PyTorch. Matrix products stay outside (cuBLAS).
+per-token activation quantisation), or triton_ops.py replaces it with a hand-written kernel; on the
+CPU, or with fusion off, the same functions run as plain PyTorch. Matrix products stay outside:
+ElementwiseOps.linear sends them to cuBLAS, or to torch._scaled_mm for FP8 weights (linear.py).
 """
 
 from __future__ import annotations
