@@ -236,11 +236,16 @@ def choose_blas(engine: Engine) -> dict[str, Any]:
     is captured. torch's preference is process-wide: one worker serves one engine."""
     probes = [_probe(engine, 128, 128), _probe(engine, 512, 512)]
     times: dict[str, list[float]] = {}
-    for _ in range(2):
-        for library in BLAS_LIBRARIES:
-            torch.backends.cuda.preferred_blas_library(library)
-            sample = [_graph_time_ms(engine, p) for p in probes]
-            times[library] = [min(a, b) for a, b in zip(times.get(library, sample), sample)]
+    try:
+        for _ in range(2):
+            for library in BLAS_LIBRARIES:
+                torch.backends.cuda.preferred_blas_library(library)
+                sample = [_graph_time_ms(engine, p) for p in probes]
+                times[library] = [min(a, b) for a, b in zip(times.get(library, sample), sample)]
+    except Exception as exc:  # noqa: BLE001 - a library that cannot be timed is not chosen; cuBLAS stays
+        log.warning("blas probe failed, keeping cublas: %s", exc)
+        torch.backends.cuda.preferred_blas_library(BLAS_LIBRARIES[0])
+        return {}
     chosen = min(BLAS_LIBRARIES, key=lambda library: sum(times[library]))
     torch.backends.cuda.preferred_blas_library(chosen)
     engine.info.blas = chosen
