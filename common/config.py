@@ -78,7 +78,8 @@ class WorkerSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     broker: str = option(DEFAULT_WORKER_ENDPOINT, "the broker's worker endpoint to connect to")
     model: str = option("", "checkpoint directory (default: the packaged all-MiniLM-L6-v2)")
     device: str = option("cpu", "cpu, cuda or cuda:N")
-    dtype: str = option("", "float32, bfloat16 or float16 (default: bfloat16 on GPU, float32 on CPU)")
+    dtype: str = option("", "float32, bfloat16, float16 or fp8 (e4m3 weights, Hopper GPUs) (default: bfloat16 on "
+                            "GPU, float32 on CPU)")
     max_batch_tokens: int = option(0, "tokens in one forward pass (0: the engine's default for the device)")
     max_batch_seqs: int = option(0, "sequences in one forward pass (0: the engine's default)")
     threads: int = option(0, "CPU threads for a CPU worker (0: torch's default)")
@@ -148,7 +149,7 @@ class ServeSettings(FrontendSettings):
                                     "the workers and the broker allow; one without GPUs)")
     device: str = option("", "cpu, cuda (every visible GPU), cuda:N or cuda:N,M (those GPUs) "
                              "(default: cuda when a GPU is visible, else cpu)")
-    dtype: str = option("", "worker dtype: float32, bfloat16 or float16")
+    dtype: str = option("", "worker dtype: float32, bfloat16, float16 or fp8 (e4m3 weights, Hopper GPUs)")
     max_batch_tokens: int = option(0, "worker tokens per forward pass (0: the engine's default)")
     max_batch_seqs: int = option(0, "worker sequences per forward pass (0: the engine's default)")
     gpu_memory_fraction: float = option(0.0, "share of its GPU's memory each worker may use (0: the engine's default)")

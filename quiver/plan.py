@@ -100,6 +100,21 @@ def worker_devices(spec: str, workers: int, gpus: int) -> list[str]:
     return [f"cuda:{i}" for i in indices[:workers or len(indices)]]
 
 
+def check_fp8_devices(dtype: str, devices: list[str]) -> None:
+    """Raise ServeError(EXIT_USAGE) when dtype is fp8 and a worker's device cannot run it (a CPU, or a
+    GPU older than Hopper)."""
+    if dtype != "fp8":
+        return
+    from quiver.worker.engine.layers.linear import fp8_unavailable_reason  # torch, only for fp8
+
+    import torch
+
+    for device in devices:
+        reason = fp8_unavailable_reason(torch.device(device))
+        if reason is not None:
+            raise ServeError(reason, EXIT_USAGE)
+
+
 # Lock files (held open, flock'ed, for this process's lifetime) by which each `serve` claims the
 # default ports it hands out: a child binds its port only a second or two after the probe below, and
 # another `serve` starting in that moment must not pick the same one.
@@ -167,6 +182,7 @@ def plan_children(settings: ServeSettings, model_dir: Path, runtime_dir: Path, g
     """broker first, then the workers, then the frontend."""
     s = settings
     devices = worker_devices(s.device, s.workers, gpus)
+    check_fp8_devices(s.dtype, devices)
     on_gpu = devices[0] != "cpu"
     frontend_endpoint = s.frontend_endpoint or f"ipc://{runtime_dir}/frontend.sock"
     worker_endpoint = s.worker_endpoint or f"ipc://{runtime_dir}/worker.sock"

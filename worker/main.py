@@ -2,7 +2,8 @@
 
 SIGTERM or SIGINT starts a drain: the worker tells the broker it wants no new chunks, finishes the
 ones it holds, says DISCONNECT (the broker re-dispatches anything it had not answered) and exits 0.
-A model that cannot be loaded exits with EXIT_MODEL_ERROR, which `quiver serve` does not retry.
+A model that cannot be loaded exits with EXIT_MODEL_ERROR, which `quiver serve` does not retry; a dtype the
+device cannot run (fp8 off Hopper) with EXIT_USAGE.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from quiver.worker.host_memory import limit_arenas
 from quiver.worker.link import BrokerLink
 from quiver.worker.scheduler import Scheduler
 
+EXIT_USAGE = 2  # an option the device cannot honour (--dtype fp8 off Hopper), as for a malformed option
+
 log = logging.getLogger("quiver.worker")
 
 # What the worker asks the broker to keep in flight to it, in full steps: the step on the device and the
@@ -39,6 +42,7 @@ QUEUED_STEPS = 2
 
 def run_worker(settings: WorkerSettings) -> int:
     from quiver.worker.engine import load_engine  # torch is imported here, after the options are parsed
+    from quiver.worker.engine.startup import DtypeUnavailable
 
     if settings.device == "cpu":
         # oneDNN keeps compiled kernels for every matrix shape it meets (up to 1024 of them); ragged
@@ -64,6 +68,9 @@ def run_worker(settings: WorkerSettings) -> int:
             gpu_memory_fraction=settings.gpu_memory_fraction or None, cuda_graphs=settings.cuda_graphs,
             **({"graph_max_tokens": settings.graph_max_tokens} if settings.graph_max_tokens else {}),
         )
+    except DtypeUnavailable as exc:  # e.g. --dtype fp8 on a CPU: a usage error, as for a malformed option
+        log.error("worker %s: %s", name, exc)
+        return EXIT_USAGE
     except Exception as exc:  # any failure here (a truncated file, no CUDA in torch, ...): retrying won't help
         log.error("worker %s cannot load the model from %s on %s: %s: %s", name, model_dir, settings.device,
                   type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))

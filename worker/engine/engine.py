@@ -51,6 +51,7 @@ class EngineInfo:
     gpu_budget_bytes: int = 0
     startup_seconds: float = 0.0
     startup_detail: dict[str, Any] = field(default_factory=dict)
+    blas: str = "cublas"  # the library of the bf16 products (start-up chooses on a GPU)
 
 
 class Engine:

@@ -16,6 +16,7 @@ from safetensors import safe_open
 
 from quiver.common.model_info import DECODER_TYPES, ENCODER_TYPES, KIND_RERANKER, ModelError, ModelInfo
 from quiver.worker.engine.layers.fused import ElementwiseOps
+from quiver.worker.engine.layers.linear import quantize_fields
 from quiver.worker.engine.models.base import RaggedModel, Weights
 from quiver.worker.engine.models.bert import BertEncoder
 from quiver.worker.engine.models.qwen3 import Qwen3
@@ -68,9 +69,12 @@ def yes_no_token_ids(info: ModelInfo) -> tuple[int, int]:
     return ids[0], ids[1]
 
 
-def build_model(info: ModelInfo, device: torch.device, dtype: torch.dtype, ops: ElementwiseOps) -> RaggedModel:
+def build_model(
+    info: ModelInfo, device: torch.device, dtype: torch.dtype, ops: ElementwiseOps, fp8_weights: bool = False
+) -> RaggedModel:
+    """The checkpoint's model in dtype; fp8_weights: its layers' dense-product weights in e4m3."""
     weights = Weights(read_tensors(info.path), device, dtype)
-    model: RaggedModel
+    model: BertEncoder | Qwen3
     if info.model_type in ENCODER_TYPES:
         model = BertEncoder(info, weights, ops)
     elif info.model_type in DECODER_TYPES:
@@ -78,8 +82,17 @@ def build_model(info: ModelInfo, device: torch.device, dtype: torch.dtype, ops: 
         model = Qwen3(info, weights, ops, yes_no)
     else:
         raise ModelError(f"model_type {info.model_type!r} is not supported")
+    if fp8_weights:
+        quantize_to_fp8(model)
     unused = [n for n in weights.unused() if not n.endswith("position_ids")]
     if unused:
         shown = ", ".join(unused[:6]) + (", ..." if len(unused) > 6 else "")
         log.info("%d checkpoint tensors not used: %s", len(unused), shown)
     return model
+
+
+def quantize_to_fp8(model: BertEncoder | Qwen3) -> None:
+    """Store every transformer layer's dense-product weights in e4m3 (per-output-channel scales); the
+    embeddings, norms and heads stay in the model's dtype."""
+    for layer in model.layers:
+        quantize_fields(layer, layer.LINEAR_WEIGHTS)

@@ -1,6 +1,6 @@
-"""load_engine: build the model, then (on a GPU) choose the fusion, size the token budget to the memory
-fraction, measure attention backends at common shapes, capture every CUDA graph, and log what the engine
-holds."""
+"""load_engine: build the model, then (on a GPU) choose the fusion and the BLAS library, size the token
+budget to the memory fraction, measure attention backends at common shapes, capture every CUDA graph, and
+log what the engine holds. With dtype fp8, the model is first held to a float32 reference."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from quiver.common.model_info import load_model_info
+from quiver.common.model_info import ModelError, ModelInfo, load_model_info
 from quiver.worker.engine.batch import Batch
 from quiver.worker.engine.buckets import DEFAULT_GRAPH_MAX_TOKENS, GraphLimits, plan_shape
 from quiver.worker.engine.engine import Engine, elapsed_since, synthetic_batch
 from quiver.worker.engine.graphs import time_with_graph
 from quiver.worker.engine.layers.attention_select import context_for_lens
 from quiver.worker.engine.layers.fused import ElementwiseOps, compiled_ops, plain_ops, triton_kernel_ops
+from quiver.worker.engine.layers.linear import fp8_unavailable_reason
 from quiver.worker.engine.loader import build_model
 from quiver.worker.engine.memory import describe, peak_bytes_of, tokens_within_budget
 
@@ -30,6 +31,12 @@ DEFAULT_MAX_BATCH_TOKENS = {"cuda": 16384, "cpu": 8192}
 DEFAULT_GPU_MEMORY_FRACTION = 0.9
 FUSION_MODES = ("auto", "compile", "triton", "none")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FP8 = "fp8"  # e4m3 weights of the dense products, bf16 everywhere else
+FP8_MIN_COSINE = 0.999  # the least cosine an FP8 engine must keep against float32 on its start-up check
+
+
+class DtypeUnavailable(ValueError):
+    """The dtype asked for cannot run on this device (e.g. fp8 on a CPU); the message says why."""
 
 
 def resolve_device(device: str) -> torch.device:
@@ -40,10 +47,16 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    """The activation dtype (bf16 for fp8, whose weights alone are e4m3)."""
     if dtype is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype == FP8:
+        reason = fp8_unavailable_reason(device)
+        if reason is not None:
+            raise DtypeUnavailable(reason)
+        return torch.bfloat16
     if dtype not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+        raise ValueError(f"dtype {dtype!r} is not one of {sorted([*_DTYPES, FP8])}")
     return _DTYPES[dtype]
 
 
@@ -57,8 +70,13 @@ def load_engine(
     cuda_graphs: bool = True,
     fusion: str = "auto",
     graph_max_tokens: int = DEFAULT_GRAPH_MAX_TOKENS,
+    fp8_min_cosine: float = FP8_MIN_COSINE,
 ) -> Engine:
-    """Load a checkpoint directory into a ready Engine (bf16 on GPU and float32 on CPU by default)."""
+    """Load a checkpoint directory into a ready Engine (bf16 on GPU and float32 on CPU by default).
+
+    dtype "fp8" (Hopper or newer) stores the dense products' weights in e4m3 and refuses, with a
+    ModelError, a model whose results fall below fp8_min_cosine against float32 on a start-up check.
+    """
     if fusion not in FUSION_MODES:
         raise ValueError(f"fusion must be one of {FUSION_MODES}")
     start = time.perf_counter()
@@ -67,14 +85,19 @@ def load_engine(
     torch_dtype = resolve_dtype(dtype, dev)
     if dev.type == "cuda" and gpu_memory_fraction is not None:
         torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction, dev)
-    with torch.inference_mode():
-        model = build_model(info, dev, torch_dtype, plain_ops())
-    detail = {"load_s": elapsed_since(start)}
     tokens = max_batch_tokens or max(DEFAULT_MAX_BATCH_TOKENS.get(dev.type, 8192), info.max_input_length)
-    engine = Engine(model, info, dev, torch_dtype, tokens, max_batch_seqs or DEFAULT_MAX_BATCH_SEQS, cuda_graphs,
-                    graph_max_tokens)
+    seqs = max_batch_seqs or DEFAULT_MAX_BATCH_SEQS
+    fp8_reference = float32_rows(info, dev, tokens, seqs) if dtype == FP8 else None
+    with torch.inference_mode():
+        model = build_model(info, dev, torch_dtype, plain_ops(), fp8_weights=fp8_reference is not None)
+    detail: dict[str, Any] = {"load_s": elapsed_since(start)}
+    engine = Engine(model, info, dev, torch_dtype, tokens, seqs, cuda_graphs, graph_max_tokens)
+    if fp8_reference is not None:
+        engine.info.dtype = FP8
+        detail["fp8_min_cosine"] = check_fp8(engine, fp8_reference, fp8_min_cosine)
     if dev.type == "cuda":
-        detail.update(choose_fusion(engine, fusion))
+        detail.update(choose_fusion(engine, fusion, fusion_agreement(detail.get("fp8_min_cosine"))))
+        detail.update(choose_blas(engine))
         phase = time.perf_counter()
         size_memory(engine, gpu_memory_fraction or DEFAULT_GPU_MEMORY_FRACTION)
         survey_attention(engine)
@@ -84,6 +107,39 @@ def load_engine(
     engine.info.startup_detail = detail
     log_startup(engine)
     return engine
+
+
+def accuracy_probe(vocab_size: int, max_input_length: int) -> Batch:
+    """Three sequences of random token ids (512, 128 and 37 long, within the model's limit)."""
+    lens = np.minimum([512, 128, 37], max_input_length).astype(np.int32)
+    ids = np.random.default_rng(7).integers(3, min(vocab_size, 30000), size=int(lens.sum()), dtype=np.int32)
+    return Batch(input_ids=ids, seq_lens=lens)
+
+
+def float32_rows(info: ModelInfo, device: torch.device, max_batch_tokens: int, max_batch_seqs: int) -> np.ndarray:
+    """The accuracy probe's rows from the checkpoint in float32, plain units, no graphs: the reference an
+    FP8 engine is held to. The float32 model is dropped before the FP8 one is built."""
+    with torch.inference_mode():
+        model = build_model(info, device, torch.float32, plain_ops())
+    reference = Engine(model, info, device, torch.float32, max_batch_tokens, max_batch_seqs, cuda_graphs=False)
+    rows = reference.run_eager(accuracy_probe(info.vocab_size, info.max_input_length))
+    del reference, model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def check_fp8(engine: Engine, reference: np.ndarray, min_cosine: float) -> float:
+    """The FP8 engine's least cosine with the float32 reference; a ModelError below min_cosine."""
+    model = engine.info.model
+    cosine = _min_cosine(engine.run_eager(accuracy_probe(model.vocab_size, model.max_input_length)), reference)
+    if not cosine >= min_cosine:
+        raise ModelError(
+            f"{model.name} cannot be served in FP8: its results keep a cosine of only {cosine:.5f} with the "
+            f"float32 model's on the start-up check (at least {min_cosine} is required); serve it with "
+            f"--dtype bfloat16")
+    log.info("fp8: e4m3 weights, per-token activation scales; cosine %.6f against float32 at start-up", cosine)
+    return round(cosine, 6)
 
 
 def _probe(engine: Engine, num_tokens: int, seq_len: int, seed: int = 0) -> Batch:
@@ -118,10 +174,17 @@ def _fusion_candidate(engine: Engine, name: str) -> ElementwiseOps:
     return engine.model.ops
 
 
-def choose_fusion(engine: Engine, mode: str) -> dict[str, Any]:
+def fusion_agreement(fp8_cosine: float | None) -> float:
+    """The least cosine a fused set must keep with the plain units: 0.999, or for an FP8 engine twice its
+    own divergence from float32 below 1 (two runs whose bf16 roundings differ by one unit meet different
+    e4m3 roundings, and drift apart by about as much as each drifts from float32)."""
+    return 0.999 if fp8_cosine is None else min(0.999, 1 - 2 * (1 - fp8_cosine))
+
+
+def choose_fusion(engine: Engine, mode: str, min_agreement: float = 0.999) -> dict[str, Any]:
     """Build the fused elementwise sets (torch.compile, hand-written Triton, or, under "auto", both);
-    keep one only if it agrees with the plain units, and under "auto" the one whose graph replays
-    measure fastest, plain included."""
+    keep one only if it agrees with the plain units (cosine above min_agreement), and under "auto" the one
+    whose graph replays measure fastest, plain included."""
     if mode == "none":
         return {}
     plain: ElementwiseOps = engine.model.ops
@@ -140,7 +203,7 @@ def choose_fusion(engine: Engine, mode: str) -> dict[str, Any]:
         finally:
             engine.model.ops = plain
             detail[f"{name}_s"] = elapsed_since(start)
-        if cosine <= 0.999:
+        if cosine <= min_agreement:
             log.warning("%s units disagree with plain ones (cosine %.6f); not used", name, cosine)
             continue
         candidates.append(ops)
@@ -162,6 +225,33 @@ def choose_fusion(engine: Engine, mode: str) -> dict[str, Any]:
     engine.model.ops = chosen
     engine.info.fusion = chosen.mode
     return detail
+
+
+BLAS_LIBRARIES = ("cublas", "cublaslt")
+
+
+def choose_blas(engine: Engine) -> dict[str, Any]:
+    """cuBLAS or cuBLASLt for the bf16 products, whichever replays short steps (128 and 512 tokens, where
+    the products are bound by reading their weights) faster, in two alternating rounds; before any graph
+    is captured. torch's preference is process-wide: one worker serves one engine."""
+    probes = [_probe(engine, 128, 128), _probe(engine, 512, 512)]
+    times: dict[str, list[float]] = {}
+    try:
+        for _ in range(2):
+            for library in BLAS_LIBRARIES:
+                torch.backends.cuda.preferred_blas_library(library)
+                sample = [_graph_time_ms(engine, p) for p in probes]
+                times[library] = [min(a, b) for a, b in zip(times.get(library, sample), sample)]
+    except Exception as exc:  # noqa: BLE001 - a library that cannot be timed is not chosen; cuBLAS stays
+        log.warning("blas probe failed, keeping cublas: %s", exc)
+        torch.backends.cuda.preferred_blas_library(BLAS_LIBRARIES[0])
+        return {}
+    chosen = min(BLAS_LIBRARIES, key=lambda library: sum(times[library]))
+    torch.backends.cuda.preferred_blas_library(chosen)
+    engine.info.blas = chosen
+    log.info("blas probe (graph replay ms at 128 / 512 tokens): %s; using %s",
+             {k: [round(t, 3) for t in v] for k, v in times.items()}, chosen)
+    return {"blas_probe_ms": {k: [round(t, 3) for t in v] for k, v in times.items()}}
 
 
 def size_memory(engine: Engine, fraction: float) -> None:
@@ -228,10 +318,10 @@ def log_startup(engine: Engine) -> None:
     info, figures = engine.info, engine.memory
     log.info(
         "engine ready: %s (%s) on %s in %s; output dim %d; up to %d tokens / %d sequences per step; "
-        "CUDA graphs %s (up to %d tokens); fusion %s; attention backends %s",
+        "CUDA graphs %s (up to %d tokens); fusion %s; products %s; attention backends %s",
         info.model.name, info.model.kind, info.device, info.dtype, info.output_dim,
         info.max_batch_tokens, info.max_batch_seqs, "on" if info.cuda_graphs else "off",
-        info.graph_max_tokens, info.fusion, info.attention_backends,
+        info.graph_max_tokens, info.fusion, info.blas, info.attention_backends,
     )
     if engine.on_gpu:
         log.info(

@@ -1,5 +1,6 @@
-"""GPU tests (skipped without CUDA): bf16 at real shapes against a float32 reference, graph replay equal
-to eager, and 10,000 random batches through the double-buffered LazyTensor pipeline.
+"""GPU tests (skipped without CUDA): bf16 at real shapes against a float32 reference, FP8 accepted only
+with its accuracy (else refused), graph replay equal to eager (bf16 and FP8), and 10,000 random batches
+through the double-buffered LazyTensor pipeline.
 
 Real-shape checkpoints are written once per run; QUIVER_ENGINE_CKPT_DIR (set by the benchmark's device
 script) lets this file reuse those of engine_bench.py.
@@ -76,6 +77,59 @@ def test_bf16_matches_float32_reference_at_real_shapes(name: str, checkpoint_roo
     fp32_cosines = _cosines(fp32_rows, expected_rows)
     print(f"{name}: float32 engine vs float32 transformers cosines {np.round(fp32_cosines, 7).tolist()}")
     assert fp32_cosines.min() >= 0.99999
+
+
+@pytest.mark.parametrize("name", sorted(BENCH_MODELS))
+def test_fp8_at_real_shapes_keeps_its_accuracy_or_is_refused(name: str, checkpoint_root: Path) -> None:
+    """--dtype fp8: either the start-up check passes (cosine >= 0.999 against float32) or load_engine
+    refuses the model with a ModelError saying why. Loaded without the check, the FP8 engine's results
+    stay close to float32 transformers and its weights take about half the bytes of bf16's."""
+    import torch
+
+    from quiver.common.model_info import ModelError
+
+    path = ensure_bench_checkpoint(name, checkpoint_root)
+    pooling = BENCH_MODELS[name][2]
+    try:
+        checked = load_engine(path, device="cuda", dtype="fp8", cuda_graphs=False)
+        print(f"{name}: fp8 accepted at start-up, {checked.info.startup_detail['fp8_min_cosine']}")
+        assert checked.info.startup_detail["fp8_min_cosine"] >= 0.999
+        del checked
+    except ModelError as exc:
+        print(f"{name}: fp8 refused at start-up: {exc}")
+        assert "cannot be served in FP8" in str(exc) and "--dtype bfloat16" in str(exc)
+    torch.cuda.empty_cache()
+
+    rng = np.random.default_rng(4)
+    sequences = [rng.integers(3, 30000, size=n, dtype=np.int32) for n in (512, 128, 37)]
+    reference_model = load_reference(path, "cuda", torch.float32)
+    with torch.no_grad():
+        hidden = [reference_model(input_ids=torch.tensor(ids[None], dtype=torch.long, device="cuda"))
+                  .last_hidden_state[0].float() for ids in sequences]
+    expected = np.stack([(h[0] if pooling == "cls" else h.mean(0)).cpu().numpy() for h in hidden])
+    del reference_model
+    torch.cuda.empty_cache()
+    engine = load_engine(path, device="cuda", dtype="fp8", fp8_min_cosine=0.0)
+    assert engine.info.dtype == "fp8"
+    rows = np.concatenate([engine.step(_batch([ids])).wait() for ids in sequences])
+    cosines = _cosines(rows, expected)
+    print(f"{name}: fp8 engine vs float32 transformers cosines {np.round(cosines, 6).tolist()}; weights "
+          f"{engine.info.weights_bytes / 2**20:.0f} MiB")
+    assert cosines.min() >= 0.98
+
+
+@pytest.mark.parametrize("family_name", ["qwen3_causal_last", "bert_mean"])
+def test_fp8_graph_replay_equals_eager(family_name: str, tmp_path: Path) -> None:
+    family = next(f for f in FAMILIES if f.name == family_name)
+    path, _ = write_family(family, tmp_path)
+    engine = load_engine(path, device="cuda", dtype="fp8", fp8_min_cosine=0.0)
+    rng = np.random.default_rng(3)
+    batch = _batch([rng.integers(4, 90, size=n, dtype=np.int32) for n in (5, 17, 100, 3)])
+    replayed = [engine.step(batch).wait() for _ in range(2)]
+    assert engine.stats()["replays"] == 2 and engine.stats()["eager_steps"] == 0
+    bucketed = engine.run_eager(batch, bucketed=True)
+    for rows in replayed:
+        np.testing.assert_allclose(rows, bucketed, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("family_name", ["qwen3_causal_last", "bert_mean", "xlmr_classifier", "qwen3_reranker"])

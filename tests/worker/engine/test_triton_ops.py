@@ -209,3 +209,30 @@ def test_engine_with_triton_units_matches_transformers(family_name: str, tmp_pat
         cosines = (rows * expected).sum(1) / (np.linalg.norm(rows, axis=1) * np.linalg.norm(expected, axis=1))
         assert cosines.min() >= 0.999, cosines
     assert engine.stats()["replays"] == 3 and engine.stats()["captures"] == captured
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("width", [1024, 3072, 96])
+def test_quantize_rows(device: str, width: int) -> None:
+    """FP8 activation quantisation: the same per-token scales as linear.quantize_rows, and on the GPU the
+    same e4m3 values (the interpreter's float8 conversion does not round to nearest, so on the CPU only
+    the scales and the rows' largest values are compared)."""
+    from quiver.worker.engine.layers import linear
+
+    generator = torch.Generator().manual_seed(width)
+    for tokens in _token_counts(device):
+        x = _randn(generator, tokens, width, dtype=torch.bfloat16, device=device, scale=3.0)
+        data, scale = triton_ops.quantize_rows(x)
+        expected_data, expected_scale = linear.quantize_rows(x)
+        assert data.dtype == linear.FP8_DTYPE and data.shape == x.shape and scale.shape == (tokens, 1)
+        torch.testing.assert_close(scale, expected_scale, rtol=0, atol=0)
+        if device == "cuda":
+            # Values at a rounding boundary may land one e4m3 step apart if the division rounds
+            # differently; anything more, or more than a rare few, is a fault.
+            actual, expected = data.float(), expected_data.float()
+            step = torch.exp2(torch.floor(torch.log2(expected.abs().clamp(min=2.0**-6))) - 3)
+            assert bool(((actual - expected).abs() <= step).all())
+            assert (actual != expected).float().mean().item() < 1e-3
+        else:
+            torch.testing.assert_close(data.float().abs().amax(1), expected_data.float().abs().amax(1))

@@ -1,9 +1,10 @@
 """Elementwise work between the matrix products, written once and optionally fused.
 
 Each function is one fusion unit: on the GPU, torch.compile turns it into one or two Triton kernels
-(residual add + norm, q/k norm + rotary, SwiGLU, GELU, embedding sum + LayerNorm), or triton_ops.py
-replaces it with a hand-written kernel; on the CPU, or with fusion off, the same functions run as plain
-PyTorch. Matrix products stay outside (cuBLAS).
+(residual add + norm, q/k norm + rotary, SwiGLU, GELU, embedding sum + LayerNorm, an FP8 product's
+per-token activation quantisation), or triton_ops.py replaces it with a hand-written kernel; on the
+CPU, or with fusion off, the same functions run as plain PyTorch. Matrix products stay outside:
+ElementwiseOps.linear sends them to cuBLAS, or to torch._scaled_mm for FP8 weights (linear.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+
+from quiver.worker.engine.layers.linear import Fp8Weight, LinearWeight, fp8_linear, quantize_rows
 
 log = logging.getLogger("quiver.engine")
 
@@ -116,6 +119,14 @@ class ElementwiseOps:
     activation: Callable[..., torch.Tensor]
     add_layer_norm: Callable[..., torch.Tensor]
     embed_layer_norm: Callable[..., torch.Tensor]
+    quantize_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+    def linear(self, x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """A dense layer's product: cuBLAS for a plain weight, torch._scaled_mm for an FP8 one (its
+        activations quantised per token by this set's quantize_rows)."""
+        if isinstance(weight, Fp8Weight):
+            return fp8_linear(x, weight, bias, self.quantize_rows)
+        return F.linear(x, weight, bias)
 
 
 _UNITS: dict[str, Callable[..., Any]] = {
@@ -126,6 +137,7 @@ _UNITS: dict[str, Callable[..., Any]] = {
     "activation": activation,
     "add_layer_norm": add_layer_norm,
     "embed_layer_norm": embed_layer_norm,
+    "quantize_rows": quantize_rows,
 }
 
 # Arguments whose first dimension is the step's token (or row) count: the only dynamic dimension.
@@ -137,6 +149,7 @@ _TOKEN_ARGS = {
     "activation": (0,),
     "add_layer_norm": (0, 1),
     "embed_layer_norm": (0, 1, 2),
+    "quantize_rows": (0,),
 }
 
 
@@ -193,4 +206,5 @@ def triton_kernel_ops() -> ElementwiseOps:
         activation=kernels.activation,
         add_layer_norm=kernels.add_layer_norm,
         embed_layer_norm=embed_layer_norm,
+        quantize_rows=kernels.quantize_rows,
     )

@@ -246,3 +246,32 @@ def add_layer_norm(
             rows, res, weight, bias, out, eps, N=n, BLOCK=block, num_warps=_row_warps(block),
         )
     return out.view(x.shape)
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, out_ptr, scale_ptr, x_row_stride, fp8_max, N: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / fp8_max
+    # IEEE division (Triton's `/` on float32 is the approximate one): the same e4m3 values as PyTorch's.
+    quantized = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -fp8_max), fp8_max)
+    tl.store(out_ptr + row * N + cols, quantized.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + row, scale)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """linear.quantize_rows in one pass: e4m3 rows of x [rows, k] and their float32 scales [rows, 1]."""
+    from quiver.worker.engine.layers.linear import FP8_DTYPE, FP8_MAX
+
+    rows = _row_major(x)
+    n = rows.shape[-1]
+    out = torch.empty(rows.shape, dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty((rows.shape[0], 1), dtype=torch.float32, device=x.device)
+    if rows.shape[0]:
+        block = triton.next_power_of_2(n)
+        _quantize_rows_kernel[(rows.shape[0],)](
+            rows, out, scale, rows.stride(0), FP8_MAX, N=n, BLOCK=block, num_warps=_row_warps(block),
+        )
+    return out, scale

@@ -17,6 +17,7 @@ from quiver.common.model_info import KIND_CLASSIFIER, KIND_SPARSE, ModelInfo
 from quiver.worker.engine.inputs import StepTensors
 from quiver.worker.engine.layers.attention import AttentionContext, AttentionSpec, attention
 from quiver.worker.engine.layers.fused import ElementwiseOps
+from quiver.worker.engine.layers.linear import LinearWeight, weight_tensors
 from quiver.worker.engine.models.base import Weights, tensors_bytes
 from quiver.worker.engine.models.sparse import SpladeHead
 from quiver.worker.engine.pooling import pool
@@ -26,18 +27,21 @@ ROBERTA_FAMILY = ("roberta", "xlm-roberta")
 
 @dataclass
 class EncoderLayer:
-    qkv_weight: torch.Tensor
+    qkv_weight: LinearWeight
     qkv_bias: torch.Tensor
-    out_weight: torch.Tensor
+    out_weight: LinearWeight
     out_bias: torch.Tensor
     attn_norm_weight: torch.Tensor
     attn_norm_bias: torch.Tensor
-    up_weight: torch.Tensor
+    up_weight: LinearWeight
     up_bias: torch.Tensor
-    down_weight: torch.Tensor
+    down_weight: LinearWeight
     down_bias: torch.Tensor
     mlp_norm_weight: torch.Tensor
     mlp_norm_bias: torch.Tensor
+
+    # The dense products' weights: what `--dtype fp8` stores in e4m3.
+    LINEAR_WEIGHTS = ("qkv_weight", "out_weight", "up_weight", "down_weight")
 
     @classmethod
     def load(cls, weights: Weights, prefix: str) -> EncoderLayer:
@@ -59,7 +63,7 @@ class EncoderLayer:
         )
 
     def tensors(self) -> list[torch.Tensor]:
-        return list(vars(self).values())
+        return [t for value in vars(self).values() for t in weight_tensors(value)]
 
 
 class BertEncoder:
@@ -118,13 +122,13 @@ class BertEncoder:
             self.embed_norm_weight, self.embed_norm_bias, self.eps,
         )
         for layer in self.layers:
-            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)
+            qkv = ops.linear(x, layer.qkv_weight, layer.qkv_bias)
             q, k, v = (part.view(tokens, spec.num_heads, spec.head_dim) for part in qkv.split(width, dim=-1))
             context = attention(q, k, v, attn).reshape(tokens, width)
-            projected = F.linear(context, layer.out_weight, layer.out_bias)
+            projected = ops.linear(context, layer.out_weight, layer.out_bias)
             x = ops.add_layer_norm(projected, x, layer.attn_norm_weight, layer.attn_norm_bias, self.eps)
-            up = ops.activation(F.linear(x, layer.up_weight, layer.up_bias), self.hidden_act)
-            down = F.linear(up, layer.down_weight, layer.down_bias)
+            up = ops.activation(ops.linear(x, layer.up_weight, layer.up_bias), self.hidden_act)
+            down = ops.linear(up, layer.down_weight, layer.down_bias)
             x = ops.add_layer_norm(down, x, layer.mlp_norm_weight, layer.mlp_norm_bias, self.eps)
 
         if self.splade is not None:

@@ -16,6 +16,7 @@ from quiver.common.model_info import KIND_RERANKER, ModelInfo
 from quiver.worker.engine.inputs import StepTensors
 from quiver.worker.engine.layers.attention import AttentionContext, AttentionSpec, attention
 from quiver.worker.engine.layers.fused import ElementwiseOps
+from quiver.worker.engine.layers.linear import LinearWeight, weight_tensors
 from quiver.worker.engine.layers.rotary import rope_theta, rotary_tables
 from quiver.worker.engine.models.base import Weights, tensors_bytes
 from quiver.worker.engine.pooling import gather_rows, mean_rows
@@ -24,14 +25,17 @@ from quiver.worker.engine.pooling import gather_rows, mean_rows
 @dataclass
 class DecoderLayer:
     input_norm: torch.Tensor
-    qkv_weight: torch.Tensor
+    qkv_weight: LinearWeight
     qkv_bias: torch.Tensor | None
     qk_norm: torch.Tensor  # [H + Hkv, D]: q_norm's weight for each q head, then k_norm's for each kv head
-    o_weight: torch.Tensor
+    o_weight: LinearWeight
     o_bias: torch.Tensor | None
     post_attention_norm: torch.Tensor
-    gate_up_weight: torch.Tensor
-    down_weight: torch.Tensor
+    gate_up_weight: LinearWeight
+    down_weight: LinearWeight
+
+    # The dense products' weights: what `--dtype fp8` stores in e4m3.
+    LINEAR_WEIGHTS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")
 
     @classmethod
     def load(cls, weights: Weights, prefix: str, spec: AttentionSpec) -> DecoderLayer:
@@ -53,7 +57,7 @@ class DecoderLayer:
         )
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in vars(self).values() if t is not None]
+        return [t for value in vars(self).values() for t in weight_tensors(value)]
 
 
 class Qwen3:
@@ -101,15 +105,15 @@ class Qwen3:
         hidden = ops.rms_norm(residual, self.layers[0].input_norm, self.eps)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            qkv = F.linear(hidden, layer.qkv_weight, layer.qkv_bias)
+            qkv = ops.linear(hidden, layer.qkv_weight, layer.qkv_bias)
             q, k, v = ops.qk_norm_rope(
                 qkv, layer.qk_norm, self.cos_table, self.sin_table, step.positions,
                 spec.num_heads, spec.num_kv_heads, self.eps,
             )
             context = attention(q, k, v, attn).reshape(tokens, spec.num_heads * spec.head_dim)
-            projected = F.linear(context, layer.o_weight, layer.o_bias)
+            projected = ops.linear(context, layer.o_weight, layer.o_bias)
             hidden, residual = ops.add_rms_norm(projected, residual, layer.post_attention_norm, self.eps)
-            mlp_out = F.linear(ops.silu_mul(F.linear(hidden, layer.gate_up_weight)), layer.down_weight)
+            mlp_out = ops.linear(ops.silu_mul(ops.linear(hidden, layer.gate_up_weight)), layer.down_weight)
             if i < last:
                 hidden, residual = ops.add_rms_norm(mlp_out, residual, self.layers[i + 1].input_norm, self.eps)
             else:

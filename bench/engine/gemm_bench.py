@@ -1,0 +1,148 @@
+"""The dense layers' matrix products at short inputs: how fast their weights are read.
+
+    python -m quiver.bench.engine.kernel_bench --gemms [--tokens 128,512,4096] [--out FILE]
+
+For each product of one layer of the pplx-embed-0.6B (Qwen3) and BGE-M3 (XLM-R) shapes, at M tokens:
+cuBLAS as the engine calls it (F.linear on the fused q/k/v and gate/up weights), the same with torch's
+cuBLASLt preference, the unfused products (q, k, v and gate, up as separate calls, as the checkpoints
+store them), a tuned Triton GEMM, and FP8 (torch._scaled_mm on e4m3 weights with per-channel scales:
+the product alone, and with the per-token quantisation of its input before it). Each is timed inside a
+CUDA graph over enough weight copies that they outgrow L2 (every call reads its weight from memory);
+the figure is µs per product and the weight read in TB/s (weight bytes / time; an FP8 weight has half
+the bytes).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from quiver.worker.engine.layers import triton_ops
+from quiver.worker.engine.layers.linear import Fp8Weight, fp8_linear, quantize_weight
+
+# (shape, product, out features, in features, parts of the fused weight as the checkpoint stores them)
+PRODUCTS = [
+    ("pplx-embed-0.6B", "qkv", 4096, 1024, (2048, 1024, 1024)),
+    ("pplx-embed-0.6B", "o", 1024, 2048, (1024,)),
+    ("pplx-embed-0.6B", "gate_up", 6144, 1024, (3072, 3072)),
+    ("pplx-embed-0.6B", "down", 1024, 3072, (1024,)),
+    ("BGE-M3", "qkv", 3072, 1024, (1024, 1024, 1024)),
+    ("BGE-M3", "o", 1024, 1024, (1024,)),
+    ("BGE-M3", "up", 4096, 1024, (4096,)),
+    ("BGE-M3", "down", 1024, 4096, (1024,)),
+]
+L2_FLUSH_BYTES = 4 * 60 * 2**20
+VARIANTS = ("cublas", "cublaslt", "unfused", "triton", "fp8_gemm", "fp8")
+
+
+def _configs() -> list[triton.Config]:
+    shapes = [(64, 64, 128, 4, 4), (64, 128, 64, 4, 4), (64, 32, 128, 5, 4), (128, 64, 64, 4, 8),
+              (64, 64, 64, 6, 4), (128, 128, 64, 3, 8)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, num_stages=s, num_warps=w)
+            for m, n, k, s, w in shapes]
+
+
+@triton.autotune(configs=_configs(), key=["M", "N", "K"])
+@triton.jit
+def _gemm_kernel(x_ptr, w_ptr, out_ptr, M, N: tl.constexpr, K: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    inner = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + rows[:, None] * K + (k + inner)[None, :], mask=rows[:, None] < M, other=0.0)
+        w = tl.load(w_ptr + cols[None, :] * K + (k + inner)[:, None])
+        acc = tl.dot(x, w, acc)
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=rows[:, None] < M)
+
+
+def triton_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T (N, K multiples of the blocks), autotuned per shape."""
+    m, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+
+    def grid(meta: dict[str, Any]) -> tuple[int, int]:
+        return triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"])
+
+    _gemm_kernel[grid](x, weight, out, m, N=n, K=k)
+    return out
+
+
+def _graph_us(calls: list[Callable[[], Any]], replays: int = 10, trials: int = 5) -> float:
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    times = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / replays / len(calls))
+    return sorted(times)[len(times) // 2]
+
+
+def _variant_calls(variant: str, x: torch.Tensor, weights: list[torch.Tensor], fp8: list[Fp8Weight],
+                   parts: tuple[int, ...]) -> list[Callable[[], Any]]:
+    if variant in ("cublas", "cublaslt"):
+        return [lambda w=w: torch.nn.functional.linear(x, w) for w in weights]
+    if variant == "unfused":
+        return [lambda w=w: [torch.nn.functional.linear(x, p) for p in w.split(list(parts))] for w in weights]
+    if variant == "triton":
+        return [lambda w=w: triton_linear(x, w) for w in weights]
+    if variant == "fp8_gemm":
+        data, scale = triton_ops.quantize_rows(x)
+        return [lambda f=f: torch._scaled_mm(data, f.data.t(), scale_a=scale, scale_b=f.scale,
+                                             out_dtype=torch.bfloat16) for f in fp8]
+    return [lambda f=f: fp8_linear(x, f, None, triton_ops.quantize_rows) for f in fp8]
+
+
+def bench_gemms(tokens_list: list[int], bandwidth_gbs: float) -> list[dict[str, Any]]:
+    rows = []
+    preferred = torch.backends.cuda.preferred_blas_library()
+    for shape, product, n, k, parts in PRODUCTS:
+        weight_bytes = n * k * 2
+        copies = max(2, -(-L2_FLUSH_BYTES // weight_bytes))
+        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        fp8 = [q for q in map(quantize_weight, weights) if isinstance(q, Fp8Weight)]
+        for tokens in tokens_list:
+            x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+            row: dict[str, Any] = {"shape": shape, "product": product, "M": tokens, "N": n, "K": k,
+                                   "bound_us": weight_bytes / bandwidth_gbs / 1e3}
+            for variant in VARIANTS:
+                if variant == "unfused" and len(parts) == 1:
+                    continue
+                torch.backends.cuda.preferred_blas_library("cublaslt" if variant == "cublaslt" else preferred)
+                try:
+                    us = _graph_us(_variant_calls(variant, x, weights, fp8, parts))
+                except Exception as exc:  # noqa: BLE001 - a variant this torch/GPU cannot run: say so, go on
+                    print(f"  {shape} {product} M={tokens} {variant}: failed: {exc}", flush=True)
+                    continue
+                read = weight_bytes // (2 if variant.startswith("fp8") else 1)
+                row[f"{variant}_us"], row[f"{variant}_tbs"] = round(us, 2), round(read / us / 1e6, 2)
+            torch.backends.cuda.preferred_blas_library(preferred)
+            rows.append(row)
+            print("| " + " | ".join([shape, product, str(tokens), f"{row['bound_us']:.1f}"] + [
+                f"{row[f'{v}_us']:.1f} ({row[f'{v}_tbs']:.2f})" if f"{v}_us" in row else "-" for v in VARIANTS
+            ]) + " |", flush=True)
+        del weights, fp8
+        torch.cuda.empty_cache()
+    return rows
+
+
+def print_header() -> None:
+    print("| shape | product | M | bound µs (weight read at the copy bandwidth) | " +
+          " | ".join(f"{v} µs (TB/s)" for v in VARIANTS) + " |")
