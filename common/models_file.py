@@ -69,7 +69,7 @@ def _entry(index: int, table: Any) -> ModelEntry:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = table[key] = float(value)
         if not isinstance(value, kind) or isinstance(value, bool):
-            raise ModelsFileError(f"{where}: {key} must be a {kind.__name__}, not {value!r}")
+            raise ModelsFileError(f"{where}: {key} must be of type {kind.__name__}, not {value!r}")
     if not 0.0 <= table.get("gpu_memory_fraction", 0.0) <= 1.0:
         raise ModelsFileError(f"{where}: gpu_memory_fraction must lie in [0, 1]")
     return ModelEntry(**table)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -77,7 +78,7 @@ def two_models(tmp_path_factory: pytest.TempPathFactory):
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(60)
-        except Exception:
+        except subprocess.TimeoutExpired:
             proc.kill()
 
 
