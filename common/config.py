@@ -71,8 +71,8 @@ class BrokerSettings(HeartbeatSettings, LoggingSettings):
                                                    "(the default allows a CPU worker on a busy host)")
     allow_insecure: bool = option(False, "allow binding a non-loopback endpoint without CurveZMQ")
     busy_poll_us: int = option(0, "after a message, poll without sleeping for this long (lower latency, more CPU)")
-    model_wait_s: float = option(15.0, "a chunk for a model no live worker serves waits this long for one, "
-                                       "then fails (503)")
+    model_wait_s: float = option(30.0, "a chunk for a model no live worker serves waits this long for one "
+                                       "(say, while its worker restarts), then fails (503)")
 
 
 @dataclass

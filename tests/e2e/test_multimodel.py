@@ -70,7 +70,10 @@ def wait_for(url: str, proc, log_path: Path, workers: dict[str, int], timeout: f
 def two_models(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("multimodel")
     cross_encoder = minilm_cross_encoder(root)
-    proc, url, log_path = serve("--config", str(write_config(root / "quiver.toml", cross_encoder)))
+    # A restarted worker loads its model in seconds, but a loaded test machine may take far longer:
+    # the broker waits for it, within the requests' deadline.
+    proc, url, log_path = serve("--config", str(write_config(root / "quiver.toml", cross_encoder)),
+                                env={"QUIVER_MODEL_WAIT_S": "150", "QUIVER_REQUEST_TIMEOUT_S": "170"})
     try:
         wait_for(url, proc, log_path, {"minilm": 2, "ce": 1})
         yield url, proc, log_path, cross_encoder
@@ -83,7 +86,7 @@ def two_models(tmp_path_factory: pytest.TempPathFactory):
 
 
 def post(url: str, path: str, body: dict) -> httpx.Response:
-    return httpx.post(url + path, json=body, timeout=120)
+    return httpx.post(url + path, json=body, timeout=200)
 
 
 def embeddings_ok(rows: list[list[float]], st_model, texts: list[str] = TEXTS) -> None:
