@@ -398,7 +398,7 @@ class Broker:
 
     def _expire_queued(self, now: float) -> None:
         """Fail the waiting chunks past their deadline, and those that waited model_wait_s for a model
-        no live worker serves."""
+        no live worker serves (a draining one counts: it may still be replaced before it leaves)."""
         for chunk in self.dispatcher.take_expired_queued(now):
             if self.dispatcher.live_workers(chunk.model):
                 self._fail(chunk, ErrorCode.EXPIRED, "the request's deadline passed while it waited for a worker")
@@ -406,7 +406,7 @@ class Broker:
                 self._fail(chunk, ErrorCode.UNAVAILABLE, self._no_worker(chunk.model))
         wait_s = self.settings.model_wait_s
         orphaned = self.dispatcher.take_queued(
-            lambda chunk: now - chunk.queued_at > wait_s and not self.dispatcher.live_workers(chunk.model, accepting=True))
+            lambda chunk: now - chunk.queued_at > wait_s and not self.dispatcher.live_workers(chunk.model))
         for chunk in orphaned:
             self._fail(chunk, ErrorCode.UNAVAILABLE, f"{self._no_worker(chunk.model)} (waited {wait_s:g} s)")
 

@@ -175,9 +175,9 @@ class Dispatcher:
     def expired_workers(self, now: float) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.expiry < now]
 
-    def live_workers(self, model: str, accepting: bool = False) -> int:
-        """Registered workers that serve `model` ('': any); only those taking new chunks if `accepting`."""
-        return sum(1 for w in self.workers.values() if w.serves(model) and not (accepting and w.draining))
+    def live_workers(self, model: str) -> int:
+        """Registered workers that serve `model` ('': any), draining ones included."""
+        return sum(1 for w in self.workers.values() if w.serves(model))
 
     # chunks ----------------------------------------------------------------------------------
     def pick_worker(self, chunk: PendingChunk) -> WorkerState | None:

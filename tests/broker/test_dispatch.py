@@ -151,7 +151,7 @@ def test_a_chunk_goes_only_to_a_worker_of_the_model_it_names():
     assert dispatcher.pick_worker(pending("7")) is rerank  # a chunk naming no model: any worker
     assert (dispatcher.live_workers("aa"), dispatcher.live_workers("bb"), dispatcher.live_workers("")) == (2, 1, 3)
     mini.draining = True
-    assert dispatcher.live_workers("aa", accepting=True) == 1
+    assert dispatcher.live_workers("aa") == 2 and dispatcher.pick_worker(pending("8", tokens=20, model="aa")) is None
 
 
 def test_each_model_waits_in_its_own_pool_so_a_busy_model_holds_back_no_other():
