@@ -21,7 +21,7 @@ Inputs = list[str] | list[list[int]]
 @dataclass(frozen=True)
 class ServerApi:
     flavour: str  # "openai" | "tei"
-    model: str = ""  # the model name OpenAI-style requests carry ("" leaves it out)
+    model: str = ""  # the model name requests carry ("" leaves it out: the server's first model)
 
     def embed_request(self, inputs: Inputs) -> tuple[str, bytes]:
         if self.flavour == "openai":
@@ -29,7 +29,7 @@ class ServerApi:
             if self.model:
                 body["model"] = self.model
             return "/v1/embeddings", json.dumps(body).encode()
-        return "/embed", json.dumps({"inputs": inputs}).encode()
+        return "/embed", json.dumps({"inputs": inputs, **({"model": self.model} if self.model else {})}).encode()
 
     def rerank_request(self, query: str, documents: list[str]) -> tuple[str, bytes]:
         if self.flavour == "openai":
@@ -37,7 +37,8 @@ class ServerApi:
             if self.model:
                 body["model"] = self.model
             return "/v1/rerank", json.dumps(body).encode()
-        return "/rerank", json.dumps({"query": query, "texts": documents}).encode()
+        return "/rerank", json.dumps({"query": query, "texts": documents,
+                                      **({"model": self.model} if self.model else {})}).encode()
 
     def embeddings_of(self, body: bytes) -> np.ndarray:
         """float32 [inputs, dim] in input order."""
@@ -90,4 +91,4 @@ async def detect_api(session: HttpSession, flavour: str, model: str = "") -> Ser
         listing = await get_json(session, "/v1/models")
         if isinstance(listing, dict) and listing.get("data"):
             model = str(listing["data"][0].get("id", ""))
-    return ServerApi(flavour, model)
+    return ServerApi(flavour, model if flavour == "openai" else "")

@@ -25,6 +25,8 @@ class BenchConfig:
     url: str = option("http://127.0.0.1:8080", "the Quiver server to measure")
     model: str = option("", "checkpoint directory the server runs, for the tokenizer, the reference and the "
                             "baselines (default: the packaged all-MiniLM-L6-v2)")
+    served_model: str = option("", "served name of the model to measure, sent as `model` in every request, when "
+                                   "the server serves several (default: the server's first model)")
     api: str = option("openai", "Quiver's routes to use: openai (/v1/embeddings, /v1/rerank) or tei (/embed, /rerank)")
     out: str = option("bench/out", "folder for results.json, results.md and the PNG plots")
     label: str = option("", "a name for this run in the report (e.g. the GPU and the model)")

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 import torch
 
@@ -75,13 +75,13 @@ async def _run(config: BenchConfig) -> int:
 
     try:
         session = session_for(config.url)
-        server_info = await _server_info(session, config.url, config.wait_s)
+        server_info = await _server_info(session, config.url, config.wait_s, config.served_model)
         _check_same_model(server_info, info)
         facts = ServerFacts.from_info(server_info)
         corpus = TokenCorpus(info.tokenizer_path, prompt=info.prompts.get(info.default_prompt_name or "", ""))
         work = build_workloads(config, corpus, facts)
         results = _skeleton(config, server_info, work, device, dtype, session.name)
-        quiver = HttpTarget("quiver", config.url, session, ServerApi(config.api))
+        quiver = HttpTarget("quiver", config.url, session, ServerApi(config.api, config.served_model))
         servers: list[HttpTarget] = [quiver]
         for index, spec in enumerate(config.compare):
             name, url = _compare_name_url(spec, index)
@@ -110,8 +110,8 @@ async def _run(config: BenchConfig) -> int:
     return 0
 
 
-async def _server_info(session: HttpSession, url: str, wait_s: float) -> dict[str, Any]:
-    """GET /info once GET /health answers 200 (waiting up to wait_s for it)."""
+async def _server_info(session: HttpSession, url: str, wait_s: float, served_model: str = "") -> dict[str, Any]:
+    """GET /info (of `served_model`, when named) once GET /health answers 200 (waiting up to wait_s for it)."""
     deadline = time.monotonic() + wait_s
     last = "no answer"
     while True:
@@ -125,7 +125,7 @@ async def _server_info(session: HttpSession, url: str, wait_s: float) -> dict[st
         if time.monotonic() >= deadline:
             raise SetupError(f"the server at {url} is not healthy ({last}); start it, or give --wait-s")
         await asyncio.sleep(0.5)
-    server_info = await get_json(session, "/info")
+    server_info = await get_json(session, f"/info?model={quote(served_model)}" if served_model else "/info")
     if not isinstance(server_info, dict) or "max_input_length" not in server_info:
         raise SetupError(f"GET {url}/info did not describe the model; is this a Quiver server?")
     return server_info

@@ -140,15 +140,25 @@ class Broker:
     def _heartbeat(self) -> Heartbeat:
         return Heartbeat(live_workers=len(self.dispatcher.workers), broker_id=self.instance_id)
 
+    def _frontend_heartbeat(self, beat: Heartbeat) -> Heartbeat:
+        """The answer to a frontend's heartbeat: live workers of the models it named, and per model."""
+        models = beat.models or ({beat.fingerprint: beat.model} if beat.fingerprint else {})
+        if not models:
+            return self._heartbeat()
+        counts = {fingerprint: self.dispatcher.live_workers(fingerprint) for fingerprint in models}
+        return Heartbeat(live_workers=sum(counts.values()), broker_id=self.instance_id, workers_by_model=counts)
+
     # frontends --------------------------------------------------------------------------------
     def _on_frontend_message(self, frontend: bytes, message: Message | Routed) -> None:
         if isinstance(message, Routed) and message.type == MsgType.CHUNK:
             self._on_chunk(frontend, message)
         elif isinstance(message, Heartbeat):
             self._check_frontend_model(frontend, message)
-            beat = self._heartbeat()
             if self.models.is_foreign(frontend):
+                beat = self._heartbeat()
                 beat.live_workers = 0  # none serves its model
+            else:
+                beat = self._frontend_heartbeat(message)
             send(self.frontends, beat, frontend)
         elif isinstance(message, Cancel):
             self._on_cancel(frontend, message)
@@ -160,17 +170,18 @@ class Broker:
                                  type(message).__name__)
 
     def _check_frontend_model(self, frontend: bytes, beat: Heartbeat) -> None:
-        verdict = self.models.frontend_expects(frontend, beat.fingerprint, beat.model)
+        models = beat.models or ({beat.fingerprint: beat.model} if beat.fingerprint else {})
+        verdict = self.models.frontend_expects(frontend, models)
         if verdict == "set":
-            log.info("serving model %s (fingerprint %s), as the first frontend expects", beat.model, beat.fingerprint)
+            log.info("serving %s, as the first frontend expects", self.models.served())
             for worker in list(self.dispatcher.workers.values()):
                 if not self.models.admits(worker.fingerprint):
                     self._refuse_model(worker.identity, worker.name, worker.model, worker.fingerprint)
                     self._drop_worker(worker.identity, "left")
         elif verdict == "foreign":
-            self.refusals.warn("HEARTBEAT", "model", "a frontend expects model %s (fingerprint %s), this broker "
-                               "serves %s (%s): its chunks are refused", beat.model, beat.fingerprint,
-                               self.models.model, self.models.fingerprint)
+            self.refusals.warn("HEARTBEAT", "model", "a frontend expects %s, this broker serves %s: its chunks "
+                               "are refused", ", ".join(f"{n} (fingerprint {f})" for f, n in models.items()),
+                               self.models.served())
 
     def _refuse_model(self, identity: bytes, name: str, model: str, fingerprint: str) -> None:
         reason = self.models.refusal(model, fingerprint)
@@ -181,7 +192,14 @@ class Broker:
         if self.models.is_foreign(frontend):
             metrics.REFUSED.labels("CHUNK", "model").inc()
             self._fail(PendingChunk(message=message, frontends=[frontend], deadline=0.0), ErrorCode.UNAVAILABLE,
-                       f"this broker serves {self.models.model}, not the model this frontend expects")
+                       f"this broker serves {self.models.served()}, not the model this frontend expects")
+            return
+        model = str(message.header.get("model", ""))
+        if model and not self.models.admits(model):
+            metrics.REFUSED.labels("CHUNK", "model").inc()
+            self._fail(PendingChunk(message=message, frontends=[frontend], deadline=0.0), ErrorCode.UNAVAILABLE,
+                       f"no worker of this broker serves the model of fingerprint {model}; it serves "
+                       f"{self.models.served()}")
             return
         known = self.dispatcher.find(message.chunk_id)
         if known is not None:
@@ -191,7 +209,7 @@ class Broker:
             known.add_sender(frontend)
             metrics.DUPLICATE_CHUNKS.inc()
             return
-        metrics.CHUNKS_RECEIVED.inc()
+        metrics.CHUNKS_RECEIVED.labels(self.models.models.get(str(message.header.get("model", "")), "")).inc()
         timeout_s = float(message.header["timeout_s"])
         self._submit(PendingChunk(message=message, frontends=[frontend], deadline=time.monotonic() + timeout_s))
 
@@ -208,13 +226,13 @@ class Broker:
 
     def _submit(self, chunk: PendingChunk) -> None:
         """Send a new chunk to a worker now, or queue it; answer 'overloaded' when the queue is full."""
-        if not self.dispatcher.queue:
+        if not self.dispatcher.has_waiting(chunk.model):
             worker = self.dispatcher.pick_worker(chunk)
             if worker is not None:
                 self._send_to_worker(chunk, worker)
                 return
         try:
-            self.dispatcher.enqueue(chunk)
+            self.dispatcher.enqueue(chunk, now=time.monotonic())
         except QueueFull:
             self._fail(chunk, ErrorCode.OVERLOADED,
                        f"the broker's queue holds {self.dispatcher.max_queued} chunks already")
@@ -335,7 +353,7 @@ class Broker:
                            f"the chunk's worker was lost {chunk.attempt} times; giving up")
                 continue
             metrics.REQUEUES.inc()
-            self.dispatcher.enqueue(chunk, front=True)
+            self.dispatcher.enqueue(chunk, front=True, now=time.monotonic())
 
     def _hold_budget_s(self, worker: WorkerState, chunk: PendingChunk) -> float:
         """How long `worker` may hold `chunk` before it is given to another: a fixed allowance plus the
@@ -352,12 +370,12 @@ class Broker:
         metrics.DISPATCHES.labels(worker.name).inc()
 
     def _dispatch_queued(self) -> None:
-        queue = self.dispatcher.queue
-        while queue:
-            worker = self.dispatcher.pick_worker(queue[0])
-            if worker is None:
+        while self.dispatcher.queued:
+            ready = self.dispatcher.next_dispatch()
+            if ready is None:
                 return
-            self._send_to_worker(self.dispatcher.pop_queued(), worker)
+            chunk, worker = ready
+            self._send_to_worker(self.dispatcher.pop_queued(chunk.model), worker)
 
     def _heartbeat_workers(self, now: float) -> None:
         for worker in self.dispatcher.expired_workers(now):
@@ -379,14 +397,24 @@ class Broker:
         self._requeue([chunk for chunk, _ in overdue])
 
     def _expire_queued(self, now: float) -> None:
+        """Fail the waiting chunks past their deadline, and those that waited model_wait_s for a model
+        no live worker serves (a draining one counts: it may still be replaced before it leaves)."""
         for chunk in self.dispatcher.take_expired_queued(now):
-            if self.dispatcher.workers:
+            if self.dispatcher.live_workers(chunk.model):
                 self._fail(chunk, ErrorCode.EXPIRED, "the request's deadline passed while it waited for a worker")
             else:
-                self._fail(chunk, ErrorCode.UNAVAILABLE, "no worker is live")
+                self._fail(chunk, ErrorCode.UNAVAILABLE, self._no_worker(chunk.model))
+        wait_s = self.settings.model_wait_s
+        orphaned = self.dispatcher.take_queued(
+            lambda chunk: now - chunk.queued_at > wait_s and not self.dispatcher.live_workers(chunk.model))
+        for chunk in orphaned:
+            self._fail(chunk, ErrorCode.UNAVAILABLE, f"{self._no_worker(chunk.model)} (waited {wait_s:g} s)")
+
+    def _no_worker(self, model: str) -> str:
+        return f"no worker of {self.models.name(model)} is live" if model else "no worker is live"
 
     def _update_gauges(self) -> None:
-        metrics.QUEUE_DEPTH.set(len(self.dispatcher.queue))
+        metrics.QUEUE_DEPTH.set(len(self.dispatcher.queued))
         metrics.LIVE_WORKERS.set(len(self.dispatcher.workers))
         for worker in self.dispatcher.workers.values():
             metrics.INFLIGHT_CHUNKS.labels(worker.name).set(len(worker.inflight))

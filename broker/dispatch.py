@@ -1,9 +1,10 @@
 """The broker's book-keeping: live workers, chunks in flight and chunks waiting.
 
 Pure data structures with no sockets (tests/broker/test_dispatch.py drives them directly).
-Policy: a chunk goes to the live worker that supports its task and has the fewest outstanding tokens,
-provided the chunk fits under that worker's advertised capacity (an idle worker takes any chunk);
-otherwise it waits, first in first out, in a bounded queue. A chunk held by one worker past its
+Policy: a chunk goes to the live worker of its model (the fingerprint the chunk names; a chunk naming
+none goes to any worker) that supports its task and has the fewest outstanding tokens, provided the
+chunk fits under that worker's advertised capacity (an idle worker takes any chunk); otherwise it
+waits in its model's pool, first in first out. The pools share one bound on waiting chunks. A chunk held by one worker past its
 hold deadline is taken back (`take_overdue`) so the broker can give it to another.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 from quiver.common.protocol import Routed
 
@@ -35,6 +37,8 @@ class PendingChunk:
     hold_until: float = float("inf")
     # Workers that held the chunk before and lost it (timed out): their late answers are duplicates.
     former_workers: set[bytes] = field(default_factory=set)
+    # When it last began to wait in its model's pool (the broker bounds a wait for a model with no worker).
+    queued_at: float = 0.0
 
     @property
     def chunk_id(self) -> str:
@@ -47,6 +51,11 @@ class PendingChunk:
     @property
     def task(self) -> str:
         return str(self.message.header["task"])
+
+    @property
+    def model(self) -> str:
+        """The fingerprint of the model the chunk is for; '' for any worker."""
+        return str(self.message.header.get("model", ""))
 
     @property
     def num_tokens(self) -> int:
@@ -73,8 +82,11 @@ class WorkerState:
     draining: bool = False
     inflight: dict[str, PendingChunk] = field(default_factory=dict)
 
+    def serves(self, model: str) -> bool:
+        return not model or model == self.fingerprint
+
     def fits(self, chunk: PendingChunk) -> bool:
-        if self.draining or chunk.task not in self.tasks:
+        if self.draining or chunk.task not in self.tasks or not self.serves(chunk.model):
             return False
         return not self.inflight or self.outstanding_tokens + chunk.num_tokens <= self.capacity_tokens
 
@@ -83,13 +95,62 @@ class QueueFull(Exception):
     """The bounded queue of waiting chunks is full."""
 
 
+@dataclass
+class ModelPool:
+    """The chunks waiting for a worker of one model, in the order they are to be dispatched: first in
+    first out, a requeued chunk at the front. The order lives here alone (push, head, pop, remove,
+    take), so another order within a model's pool changes this class and nothing around it."""
+
+    model: str
+    waiting: collections.deque[PendingChunk] = field(default_factory=collections.deque)
+
+    def __len__(self) -> int:
+        return len(self.waiting)
+
+    def __iter__(self) -> Iterator[PendingChunk]:
+        return iter(self.waiting)
+
+    def push(self, chunk: PendingChunk, front: bool = False) -> None:
+        if front:
+            self.waiting.appendleft(chunk)
+        else:
+            self.waiting.append(chunk)
+
+    def head(self) -> PendingChunk | None:
+        """The chunk to dispatch next, left in the pool."""
+        return self.waiting[0] if self.waiting else None
+
+    def pop(self) -> PendingChunk:
+        return self.waiting.popleft()
+
+    def remove(self, chunk: PendingChunk) -> None:
+        self.waiting.remove(chunk)
+
+    def take(self, condition: Callable[[PendingChunk], bool]) -> list[PendingChunk]:
+        """Take out and return the chunks that meet `condition`."""
+        taken = [c for c in self.waiting if condition(c)]
+        for chunk in taken:
+            self.waiting.remove(chunk)
+        return taken
+
+
 class Dispatcher:
     def __init__(self, max_queued: int) -> None:
         self.workers: dict[bytes, WorkerState] = {}
-        self.queue: collections.deque[PendingChunk] = collections.deque()
-        self.queued_ids: set[str] = set()
+        # Waiting chunks by the model they name; a pool exists while it holds a chunk.
+        self.pools: dict[str, ModelPool] = {}
+        self.queued: dict[str, PendingChunk] = {}
         self.inflight: dict[str, PendingChunk] = {}
         self.max_queued = max_queued
+
+    @property
+    def queued_ids(self) -> set[str]:
+        return set(self.queued)
+
+    @property
+    def queue(self) -> list[PendingChunk]:
+        """Every waiting chunk, pool by pool, each pool in its order."""
+        return [chunk for pool in self.pools.values() for chunk in pool]
 
     # workers ---------------------------------------------------------------------------------
     def add_worker(self, worker: WorkerState) -> None:
@@ -114,6 +175,10 @@ class Dispatcher:
     def expired_workers(self, now: float) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.expiry < now]
 
+    def live_workers(self, model: str) -> int:
+        """Registered workers that serve `model` ('': any), draining ones included."""
+        return sum(1 for w in self.workers.values() if w.serves(model))
+
     # chunks ----------------------------------------------------------------------------------
     def pick_worker(self, chunk: PendingChunk) -> WorkerState | None:
         """The fitting worker with the fewest outstanding tokens, one that lost this chunk before last."""
@@ -128,31 +193,50 @@ class Dispatcher:
         worker.outstanding_tokens += chunk.num_tokens
         self.inflight[chunk.chunk_id] = chunk
 
-    def enqueue(self, chunk: PendingChunk, front: bool = False) -> None:
-        """Hold a chunk until a worker has room; a requeued chunk goes to the front (past the bound:
-        it was admitted once already)."""
-        if not front and len(self.queue) >= self.max_queued:
+    def enqueue(self, chunk: PendingChunk, front: bool = False, now: float = 0.0) -> None:
+        """Hold a chunk in its model's pool until a worker has room; a requeued chunk goes to the front
+        (past the bound: it was admitted once already). `now` is when it began to wait."""
+        if not front and len(self.queued) >= self.max_queued:
             raise QueueFull
-        if front:
-            self.queue.appendleft(chunk)
-        else:
-            self.queue.append(chunk)
-        self.queued_ids.add(chunk.chunk_id)
+        pool = self.pools.get(chunk.model)
+        if pool is None:
+            pool = self.pools[chunk.model] = ModelPool(chunk.model)
+        pool.push(chunk, front)
+        chunk.queued_at = now
+        self.queued[chunk.chunk_id] = chunk
 
-    def pop_queued(self) -> PendingChunk:
-        chunk = self.queue.popleft()
-        self.queued_ids.discard(chunk.chunk_id)
+    def has_waiting(self, model: str) -> bool:
+        return model in self.pools
+
+    def next_dispatch(self) -> tuple[PendingChunk, WorkerState] | None:
+        """The head chunk of some pool with a worker that fits it now, or None: each pool waits on its
+        own head, so a model without a free worker holds back no other model."""
+        for pool in self.pools.values():
+            chunk = pool.head()
+            worker = self.pick_worker(chunk) if chunk is not None else None
+            if chunk is not None and worker is not None:
+                return chunk, worker
+        return None
+
+    def pop_queued(self, model: str = "") -> PendingChunk:
+        """The next chunk of `model`'s pool, taken out of it."""
+        pool = self.pools[model]
+        chunk = pool.pop()
+        self._forget_queued(pool, chunk)
         return chunk
+
+    def _forget_queued(self, pool: ModelPool, chunk: PendingChunk) -> None:
+        self.queued.pop(chunk.chunk_id, None)
+        if not pool:
+            self.pools.pop(pool.model, None)
 
     def find(self, chunk_id: str) -> PendingChunk | None:
         """The chunk if it is in flight or queued, else None."""
-        if chunk_id in self.queued_ids:
-            return next(c for c in self.queue if c.chunk_id == chunk_id)
-        return self.inflight.get(chunk_id)
+        return self.queued.get(chunk_id) or self.inflight.get(chunk_id)
 
     def knows(self, chunk_id: str) -> bool:
         """Whether the chunk is queued or in flight (so a second copy of it is a duplicate)."""
-        return chunk_id in self.inflight or chunk_id in self.queued_ids
+        return chunk_id in self.inflight or chunk_id in self.queued
 
     def _unassign(self, chunk: PendingChunk) -> None:
         worker = self.workers.get(chunk.worker) if chunk.worker is not None else None
@@ -170,10 +254,11 @@ class Dispatcher:
     def cancel(self, chunk_id: str) -> PendingChunk | None:
         """Drop a chunk: from the queue (returns it, worker None) or from a worker (returns it with
         `worker` still naming who holds it, for the caller to tell)."""
-        if chunk_id in self.queued_ids:
-            queued = next(c for c in self.queue if c.chunk_id == chunk_id)
-            self.queue.remove(queued)
-            self.queued_ids.discard(chunk_id)
+        queued = self.queued.get(chunk_id)
+        if queued is not None:
+            pool = self.pools[queued.model]
+            pool.remove(queued)
+            self._forget_queued(pool, queued)
             return queued
         chunk = self.inflight.get(chunk_id)
         if chunk is None:
@@ -184,11 +269,16 @@ class Dispatcher:
         return chunk
 
     def take_expired_queued(self, now: float) -> list[PendingChunk]:
-        expired = [c for c in self.queue if c.deadline < now]
-        for chunk in expired:
-            self.queue.remove(chunk)
-            self.queued_ids.discard(chunk.chunk_id)
-        return expired
+        return self.take_queued(lambda chunk: chunk.deadline < now)
+
+    def take_queued(self, condition: Callable[[PendingChunk], bool]) -> list[PendingChunk]:
+        """Take out of every pool the waiting chunks that meet `condition`."""
+        taken = []
+        for pool in list(self.pools.values()):
+            for chunk in pool.take(condition):
+                self._forget_queued(pool, chunk)
+                taken.append(chunk)
+        return taken
 
     def take_overdue(self, now: float) -> list[tuple[PendingChunk, WorkerState]]:
         """Chunks a live worker has held past their hold deadline, taken back from it (unassigned and

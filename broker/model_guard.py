@@ -1,8 +1,9 @@
-"""Which model the broker serves, so that no chunk runs on a worker of another model.
+"""Which models the broker serves, so that no chunk runs on a worker of another model.
 
-One model per broker: the first frontend that names one (its heartbeat's fingerprint) sets it. Then
-a worker whose READY names another fingerprint is refused, and a frontend that names another is
-remembered as foreign: it is told no worker is live and its chunks are refused.
+The first frontend that names its models (its heartbeat's fingerprints: one, or one per model it
+serves) sets them. Then a worker whose READY names another fingerprint is refused, a chunk naming
+another is refused, and a frontend that names a model outside the set is remembered as foreign: it is
+told no worker is live and its chunks are refused.
 """
 
 from __future__ import annotations
@@ -14,19 +15,19 @@ MAX_FOREIGN_FRONTENDS = 1024
 
 class ModelGuard:
     def __init__(self) -> None:
-        self.fingerprint = ""
-        self.model = ""
+        # fingerprint -> the model's name, as the first frontend named it
+        self.models: dict[str, str] = {}
         self.foreign_frontends: set[bytes] = set()
 
-    def frontend_expects(self, frontend: bytes, fingerprint: str, model: str) -> str:
-        """Note what a frontend's heartbeat names. Returns 'set' when this fixed the broker's model,
-        'foreign' when the frontend expects another, '' otherwise."""
-        if not fingerprint:
+    def frontend_expects(self, frontend: bytes, models: dict[str, str]) -> str:
+        """Note the models (fingerprint -> name) a frontend's heartbeat names. Returns 'set' when this
+        fixed the broker's models, 'foreign' when the frontend expects another, '' otherwise."""
+        if not models:
             return ""
-        if not self.fingerprint:
-            self.fingerprint, self.model = fingerprint, model
+        if not self.models:
+            self.models = dict(models)
             return "set"
-        if fingerprint != self.fingerprint:
+        if not models.keys() <= self.models.keys():
             if len(self.foreign_frontends) >= MAX_FOREIGN_FRONTENDS:
                 self.foreign_frontends.clear()
             self.foreign_frontends.add(frontend)
@@ -35,13 +36,21 @@ class ModelGuard:
         return ""
 
     def admits(self, fingerprint: str) -> bool:
-        """Whether a worker of this fingerprint may serve (any may, until a frontend names a model)."""
-        return not self.fingerprint or fingerprint == self.fingerprint
+        """Whether a worker or a chunk of this fingerprint may be served (any may, until a frontend names
+        its models; a chunk naming none goes to the models there are)."""
+        return not self.models or fingerprint in self.models
 
     def is_foreign(self, frontend: bytes) -> bool:
         return frontend in self.foreign_frontends
 
+    def name(self, fingerprint: str) -> str:
+        """The model's name as frontends gave it, else its fingerprint."""
+        return self.models.get(fingerprint) or f"fingerprint {fingerprint}"
+
+    def served(self) -> str:
+        return ", ".join(f"{name} (fingerprint {fp})" for fp, name in self.models.items())
+
     def refusal(self, model: str, fingerprint: str) -> str:
-        """Why a worker serving `model` is refused, naming both models."""
+        """Why a worker serving `model` is refused, naming the models served."""
         return (f"this worker serves {model} (fingerprint {fingerprint or 'none'}); the broker's frontends "
-                f"expect {self.model} (fingerprint {self.fingerprint})")
+                f"expect {self.served()}")

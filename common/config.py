@@ -71,6 +71,8 @@ class BrokerSettings(HeartbeatSettings, LoggingSettings):
                                                    "(the default allows a CPU worker on a busy host)")
     allow_insecure: bool = option(False, "allow binding a non-loopback endpoint without CurveZMQ")
     busy_poll_us: int = option(0, "after a message, poll without sleeping for this long (lower latency, more CPU)")
+    model_wait_s: float = option(30.0, "a chunk for a model no live worker serves waits this long for one "
+                                       "(say, while its worker restarts), then fails (503)")
 
 
 @dataclass
@@ -92,6 +94,7 @@ class WorkerSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     busy_poll_us: int = option(0, "after a message, poll without sleeping for this long (lower latency, more CPU)")
     cluster_secret_file: str = option("", "file holding the broker's cluster secret (or set QUIVER_CLUSTER_SECRET)")
     metrics_port: int = option(0, "port of the worker's Prometheus /metrics (0: none)")
+    model_name: str = option("", "the model's name in metrics, as the frontends serve it (default: the checkpoint's)")
     metrics_host: str = option("127.0.0.1", "address the worker's /metrics binds")
 
 
@@ -104,6 +107,8 @@ class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     served_model_name: str = option("", "model name in responses, or comma-separated aliases, the first in "
                                         "responses (default: from the checkpoint)")
     strict_model_name: bool = option(False, "refuse (404) a request whose `model` is none of the served names")
+    models_file: str = option("", "TOML file of the models to serve, one [[models]] table each (model, "
+                                  "served_model_name; the first is the default); replaces --model")
     http_processes: int = option(1, "uvicorn worker processes")
     api_key: str = option("", "require 'Authorization: Bearer <key>' on every route but /health and /metrics",
                           secret=True)
@@ -164,11 +169,14 @@ class ServeSettings(FrontendSettings):
     broker_metrics_port: int = option(9300, "port of the broker's /metrics (0: none; when taken, a free one, logged)")
     worker_metrics_port: int = option(9400, "port of worker N's /metrics is this + N (0: none; when taken, a free "
                                             "one, logged)")
+    config: str = option("", "TOML file: [serve] options (the command line wins) and one [[models]] table per "
+                             "model, with its names and worker options (devices, gpu_memory_fraction, dtype, ...)")
 
 
 # Fields ServeSettings inherits from FrontendSettings but does not offer: serve picks the broker
-# endpoint itself, and CurveZMQ keys are for links between hosts (children read them from QUIVER_*).
-SERVE_HIDDEN = frozenset({"broker", "curve_secret_key", "curve_broker_key"})
+# endpoint itself, and CurveZMQ keys are for links between hosts (children read them from QUIVER_*);
+# serve writes the frontend's models file itself from --model and --config.
+SERVE_HIDDEN = frozenset({"broker", "curve_secret_key", "curve_broker_key", "models_file"})
 
 
 def default_http_processes(gpus: int, cpus: int) -> int:

@@ -7,9 +7,10 @@ from it with `define(name)`, so the documentation (`ops/metrics.md`, generated b
 tests/ops scrape a live cluster and check every entry is there with its type and labels.
 
 Conventions: one prefix (`quiver_`), base units in the name (`_seconds`, `_bytes`, `_tokens`),
-counters end in `_total`. A worker adds `worker` (its name) and `device` (e.g. `cuda:0`) to every
-sample it serves (PROCESS_LABELS); Prometheus adds `job`, `instance` and `role` from the scrape
-configuration (ops/prometheus/prometheus.yml).
+counters end in `_total`. A worker adds `worker` (its name), `device` (e.g. `cuda:0`) and `model` (the
+name the frontends serve it under) to every sample it serves (PROCESS_LABELS); the frontend's requests
+and the broker's chunks carry `model` too, so that one dashboard selects a model across the roles.
+Prometheus adds `job`, `instance` and `role` from the scrape configuration (ops/prometheus/prometheus.yml).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ SEQUENCE_BUCKETS = tuple(float(2**i) for i in range(0, 13))
 FRONTEND, BROKER, WORKER = "frontend", "broker", "worker"
 ROLES = (FRONTEND, BROKER, WORKER)
 # Labels a process adds to every sample it serves, whatever the metric.
-PROCESS_LABELS: dict[str, tuple[str, ...]] = {FRONTEND: (), BROKER: (), WORKER: ("worker", "device")}
+PROCESS_LABELS: dict[str, tuple[str, ...]] = {FRONTEND: (), BROKER: (), WORKER: ("worker", "device", "model")}
 
 # How prometheus_client combines a gauge across the HTTP processes (its Gauge multiprocess_mode values).
 MultiprocessMode = Literal["all", "liveall", "min", "livemin", "max", "livemax", "sum", "livesum", "mostrecent",
@@ -85,11 +86,11 @@ def _spec(name: str, kind: str, role: str, labels: Iterable[str], help: str, **e
 # fmt: off
 CONTRACT: tuple[MetricSpec, ...] = (
     # frontend: one series set per frontend, whatever its number of HTTP processes
-    _spec("quiver_requests_total", "counter", FRONTEND, ("route", "status"),
-          "HTTP requests answered, by route and status code"),
+    _spec("quiver_requests_total", "counter", FRONTEND, ("route", "status", "model"),
+          "HTTP requests answered, by route, status code and model ('' when the request named no served model)"),
     _spec("quiver_request_failures_total", "counter", FRONTEND, ("route", "reason"),
           "HTTP requests that failed, by route and reason (validation, overloaded, unavailable, timeout, ...)"),
-    _spec("quiver_request_stage_seconds", "histogram", FRONTEND, ("route", "stage"),
+    _spec("quiver_request_stage_seconds", "histogram", FRONTEND, ("route", "stage", "model"),
           "Time a successful request spent in each stage: tokenization, queue, inference, total",
           buckets=LATENCY_BUCKETS),
     _spec("quiver_request_input_tokens", "histogram", FRONTEND, ("route",),
@@ -112,8 +113,8 @@ CONTRACT: tuple[MetricSpec, ...] = (
           "HTTP connections closed by the server: header_timeout, header_too_large, too_many_connections"),
 
     # broker
-    _spec("quiver_broker_chunks_received_total", "counter", BROKER, (),
-          "Chunks received from frontends"),
+    _spec("quiver_broker_chunks_received_total", "counter", BROKER, ("model",),
+          "Chunks received from frontends, by the model they name"),
     _spec("quiver_broker_dispatches_total", "counter", BROKER, ("worker",),
           "Chunks sent to a worker, re-dispatches included"),
     _spec("quiver_broker_requeues_total", "counter", BROKER, (),
@@ -147,7 +148,7 @@ CONTRACT: tuple[MetricSpec, ...] = (
           "Unix time of the broker's last poll-loop iteration (it iterates at least once a heartbeat)"),
 
     # worker: every sample also carries worker and device
-    _spec("quiver_worker_info", "gauge", WORKER, ("model", "kind", "dtype"),
+    _spec("quiver_worker_info", "gauge", WORKER, ("kind", "dtype"),
           "Constant 1, labelled with what this worker serves"),
     _spec("quiver_worker_batch_sequences", "histogram", WORKER, (),
           "Sequences per forward pass", buckets=SEQUENCE_BUCKETS),
@@ -279,7 +280,8 @@ def contract_markdown() -> str:
         "and labels, and that this file is up to date. Histograms also have `_bucket` (with `le`), `_sum`",
         "and `_count` series (no `_created` series anywhere). Latency buckets run from 0.1 ms to 10 s.",
         "",
-        "Every worker sample also carries `worker` (its name) and `device` (e.g. `cuda:0`); Prometheus adds",
+        "Every worker sample also carries `worker` (its name), `device` (e.g. `cuda:0`) and `model` (the name",
+        "its model is served under, as the frontend's `model` label names it); Prometheus adds",
         "`job`, `instance` and `role` (frontend, broker, worker) from `ops/prometheus/prometheus.yml`.",
         "The frontend serves `/metrics` on its HTTP port (one consistent view over all its HTTP processes);",
         "the broker and each worker on their own `--metrics-port`.",

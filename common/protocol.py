@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import sys
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import msgpack
 import numpy as np
@@ -87,6 +87,15 @@ def _check_int(name: str, value: Any, low: int = 0, high: int = 2**62) -> None:
 def _check_float(name: str, value: Any, low: float = 0.0, high: float = 1e9) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= float(value) <= high:
         raise ProtocolError(f"field {name!r} must be a number in [{low}, {high}]")
+
+
+def _check_map(name: str, value: Any, check_value: Callable[[str, Any], None]) -> None:
+    """A map from identifiers (fingerprints) to values each checked by `check_value`."""
+    if not isinstance(value, dict):
+        raise ProtocolError(f"field {name!r} must be a map")
+    for key, item in value.items():
+        _check_str(f"a key of {name}", key)
+        check_value(f"{name}[{key}]", item)
 
 
 def _check_bool(name: str, value: Any) -> None:
@@ -171,9 +180,10 @@ class Ready(Message):
 @dataclass
 class Heartbeat(Message):
     """I am alive. From the broker it carries `broker_id`, random per broker start, so a peer sees a
-    restart however short, and to a frontend how many workers are live; from a frontend,
-    `fingerprint` and `model` name the model it expects; from a worker, `draining` says it finishes
-    what it holds and wants no new chunks."""
+    restart however short, and to a frontend how many workers are live (`workers_by_model`: per model
+    fingerprint); from a frontend, `fingerprint` and `model` name the model it expects, and `models`
+    (fingerprint -> name) every model when it serves several; from a worker, `draining` says it
+    finishes what it holds and wants no new chunks."""
 
     TYPE: ClassVar[MsgType] = MsgType.HEARTBEAT
     live_workers: int = 0
@@ -181,6 +191,8 @@ class Heartbeat(Message):
     broker_id: str = ""
     fingerprint: str = ""
     model: str = ""
+    models: dict[str, str] = field(default_factory=dict)
+    workers_by_model: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def check(cls, h: dict[str, Any]) -> None:
@@ -189,6 +201,8 @@ class Heartbeat(Message):
         _check_str("broker_id", h.get("broker_id", ""))
         _check_str("fingerprint", h.get("fingerprint", ""))
         _check_str("model", h.get("model", ""), 512)
+        _check_map("models", h.get("models", {}), lambda name, v: _check_str(name, v, 512))
+        _check_map("workers_by_model", h.get("workers_by_model", {}), _check_int)
 
 
 @dataclass
@@ -239,6 +253,7 @@ class Chunk(Message):
     timeout_s: float
     has_token_types: bool = False
     attempt: int = 0
+    model: str = ""  # the fingerprint of the model to run it; '' for whichever the workers serve
     input_ids: np.ndarray = field(kw_only=True, repr=False)
     seq_lens: np.ndarray = field(kw_only=True, repr=False)
     token_type_ids: np.ndarray | None = field(default=None, repr=False)
@@ -265,6 +280,7 @@ class Chunk(Message):
         _check_float("timeout_s", h.get("timeout_s"), 0.0, 86_400.0)
         _check_bool("has_token_types", h.get("has_token_types", False))
         _check_int("attempt", h.get("attempt", 0), 0, 1000)
+        _check_str("model", h.get("model", ""))
 
     @classmethod
     def from_parts(cls, header: dict[str, Any], arrays: Sequence[bytes | memoryview]) -> Chunk:

@@ -1,4 +1,5 @@
-"""The Starlette application: the route table wired to one Service, the broker link started in the lifespan.
+"""The Starlette application: the route table wired to the model registry (one Service per model), the
+broker link started in the lifespan.
 
 Nothing here imports torch: the frontend needs the tokenizer and the checkpoint's JSON files only.
 """
@@ -17,15 +18,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from quiver.common.config import FrontendSettings
-from quiver.common.model_info import default_model_dir, load_model_info
 from quiver.common.security import client_from
-from quiver.common.fingerprint import model_fingerprint
-from quiver.frontend.broker_client import BrokerClient
 from quiver.frontend.errors import OPENAI, TEI, APIError, render
 from quiver.frontend.http import RouteSpec, endpoint
 from quiver.frontend.openapi import build_openapi
+from quiver.frontend.models import build_registry
 from quiver.frontend.routes import ROUTES
-from quiver.frontend.service import Service, served_names
+from quiver.frontend.service import Service
 
 log = logging.getLogger("quiver.frontend")
 
@@ -48,15 +47,11 @@ def load_extensions(service: Service, settings: FrontendSettings) -> list[Extens
 
 
 def create_app(settings: FrontendSettings) -> Starlette:
-    names = served_names(settings.served_model_name)
-    info = load_model_info(settings.model or default_model_dir(), name=names[0] if names else None)
-    client = BrokerClient(settings.broker, settings.heartbeat_interval_s, settings.liveness,
-                          curve=client_from(settings.curve_secret_key, settings.curve_broker_key),
-                          fingerprint=model_fingerprint(info.path), model=info.name)
-    service = Service(settings, info, client)
+    registry, client = build_registry(settings, client_from(settings.curve_secret_key, settings.curve_broker_key))
+    service = registry.default
     extensions = load_extensions(service, settings)
     specs = ROUTES + tuple(spec for extension in extensions for spec in extension.routes)
-    routes = [Route(spec.path, endpoint(spec, service, settings), methods=[spec.method]) for spec in specs]
+    routes = [Route(spec.path, endpoint(spec, registry, settings), methods=[spec.method]) for spec in specs]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -65,12 +60,14 @@ def create_app(settings: FrontendSettings) -> Starlette:
             extension.start()
         if not await client.wait_for_broker(settings.liveness_window_s):
             log.warning("the broker at %s has not answered yet; answering 503 until it does", settings.broker)
-        log.info("frontend serving %s (%s) through broker %s", service.model_name, info.kind, settings.broker)
+        for each in registry.services:
+            log.info("frontend serving %s (%s) through broker %s", each.model_name, each.info.kind, settings.broker)
         yield
         for extension in extensions:
             await extension.stop()
         await client.close()
-        service.tokenizer.pool.shutdown(wait=False, cancel_futures=True)
+        for each in registry.services:
+            each.tokenizer.pool.shutdown(wait=False, cancel_futures=True)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -80,5 +77,6 @@ def create_app(settings: FrontendSettings) -> Starlette:
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.service = service
+    app.state.models = registry
     app.state.openapi = build_openapi(specs, keyed=bool(settings.api_key))
     return app

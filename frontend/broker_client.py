@@ -46,12 +46,16 @@ class _Waiting:
 
 class BrokerClient:
     def __init__(self, endpoint: str, heartbeat_interval_s: float, liveness: int,
-                 curve: CurveClient | None = None, fingerprint: str = "", model: str = "") -> None:
+                 curve: CurveClient | None = None, fingerprint: str = "", model: str = "",
+                 models: dict[str, str] | None = None) -> None:
         self.endpoint = endpoint
         self.curve = curve
-        # Named in every heartbeat: the broker serves this frontend only from workers of this model.
+        # Named in every heartbeat: the broker serves this frontend only from workers of this model, or
+        # of these models (fingerprint -> name) when it serves several.
         self.fingerprint = fingerprint
         self.model = model
+        self.models = models or {}
+        self.workers_by_model: dict[str, int] = {}
         self.interval = heartbeat_interval_s
         self.window = heartbeat_interval_s * liveness
         self.waiting: dict[str, _Waiting] = {}
@@ -92,7 +96,7 @@ class BrokerClient:
             self.curve.apply(self.sock)
         self.sock.connect(self.endpoint)
         self._socket_since = time.monotonic()
-        send(self.sock, Heartbeat(fingerprint=self.fingerprint, model=self.model))
+        send(self.sock, self._heartbeat())
         self._receiver = asyncio.create_task(self._receive_loop(self.sock))
 
     async def _rebuild_socket(self) -> None:
@@ -163,6 +167,7 @@ class BrokerClient:
         restarted = False
         if isinstance(message, Heartbeat):
             self.live_workers = message.live_workers
+            self.workers_by_model = message.workers_by_model
             metrics.LIVE_WORKERS.set(message.live_workers)
             if message.broker_id != self.broker_id:
                 restarted = bool(self.broker_id)
@@ -190,6 +195,9 @@ class BrokerClient:
             send(self.sock, waiting.chunk)
             metrics.CHUNKS_RESENT.inc()
 
+    def _heartbeat(self) -> Heartbeat:
+        return Heartbeat(fingerprint=self.fingerprint, model=self.model, models=self.models)
+
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
@@ -197,7 +205,8 @@ class BrokerClient:
             if not self.broker_alive and now - max(self.last_heard, self._socket_since) > self.window:
                 await self._rebuild_socket()
             assert self.sock is not None
-            send(self.sock, Heartbeat(fingerprint=self.fingerprint, model=self.model))
+            send(self.sock, self._heartbeat())
             if not self.broker_alive:
                 self.live_workers = 0
+                self.workers_by_model = {}
                 metrics.LIVE_WORKERS.set(0)

@@ -27,6 +27,7 @@ from quiver.common.config import FrontendSettings
 from quiver.frontend import metrics
 from quiver.frontend.admission import CURRENT_TICKET, Ticket, estimated_tokens
 from quiver.frontend.errors import OPENAI, APIError, render
+from quiver.frontend.models import ModelRegistry
 from quiver.frontend.service import Service
 
 log = logging.getLogger("quiver.frontend")
@@ -204,13 +205,24 @@ def check_content_type(request: Request) -> None:
                        f"the request body must be JSON sent as Content-Type: application/json, not {value[:100]!r}")
 
 
-def endpoint(spec: RouteSpec, service: Service, settings: FrontendSettings) -> Callable[[Request], Awaitable[Response]]:
+def requested_model(body: Any, request: Request) -> str | None:
+    """The model a request names: its body's `model` field, else a `model` query parameter."""
+    model = body.get("model") if isinstance(body, dict) else getattr(body, "model", None)
+    if model is None:
+        model = request.query_params.get("model")
+    return model if isinstance(model, str) else None
+
+
+def endpoint(spec: RouteSpec, models: ModelRegistry, settings: FrontendSettings) -> Callable[[Request], Awaitable[Response]]:
+    """The route's handler behind the prologue; the request's `model` picks the Service it is given."""
     route = spec.path
+    service = models.default  # its admission budget and tokenization pool serve the prologue: shared by all
     guard_host = is_loopback(settings.host)
 
     async def serve(request: Request) -> Response:
         started = time.monotonic()
         ticket: Ticket | None = None
+        model_name = ""
         try:
             if guard_host:
                 check_host(request)
@@ -235,7 +247,9 @@ def endpoint(spec: RouteSpec, service: Service, settings: FrontendSettings) -> C
                     ticket = service.admission.reserve(estimated_tokens(len(raw)), estimated=True)
                 body = await _on_pool_if_large(service, len(raw), lambda: parse_body(spec, raw))
             CURRENT_TICKET.set(ticket)
-            response = await _unless_disconnected(spec.handler, Call(service, request, body, spec),
+            picked = models.pick(requested_model(body, request))
+            model_name = picked.model_name
+            response = await _unless_disconnected(spec.handler, Call(picked, request, body, spec),
                                                   watch=ticket is not None)
         except ClientDisconnected:
             metrics.FAILURES.labels(route, "client_disconnected").inc()
@@ -250,9 +264,9 @@ def endpoint(spec: RouteSpec, service: Service, settings: FrontendSettings) -> C
         finally:
             if ticket is not None:
                 ticket.release()
-        metrics.REQUESTS.labels(route, str(response.status_code)).inc()
+        metrics.REQUESTS.labels(route, str(response.status_code), model_name).inc()
         if response.status_code < 400:
-            metrics.STAGE_SECONDS.labels(route, "total").observe(time.monotonic() - started)
+            metrics.STAGE_SECONDS.labels(route, "total", model_name).observe(time.monotonic() - started)
         return response
 
     return serve

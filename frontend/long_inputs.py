@@ -105,6 +105,6 @@ async def embed_split(service: Service, inputs: object, *, route: str, truncate:
     rows = await service.pipeline.run(windows.seqs, TASK_EMBED, False, timings)
     for stage, seconds in (("tokenization", timings.tokenization_s), ("queue", timings.queue_s),
                            ("inference", timings.inference_s)):
-        metrics.STAGE_SECONDS.labels(route, stage).observe(seconds)
+        metrics.STAGE_SECONDS.labels(route, stage, service.model_name).observe(seconds)
     return Embeddings(matryoshka(weighted_mean(rows, windows, normalize), dimensions, normalize),
                       windows.seqs.num_tokens, timings)

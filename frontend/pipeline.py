@@ -66,10 +66,13 @@ def split_ranges(seq_lens: np.ndarray, max_tokens: int, max_seqs: int) -> list[t
 
 
 class Pipeline:
-    def __init__(self, client: BrokerClient, settings: FrontendSettings, admission: Admission) -> None:
+    def __init__(self, client: BrokerClient, settings: FrontendSettings, admission: Admission,
+                 model_fingerprint: str = "", model_name: str = "") -> None:
         self.client = client
         self.settings = settings
         self.admission = admission
+        self.model_fingerprint = model_fingerprint
+        self.model_name = model_name
 
     async def run(self, seqs: Sequences, task: str, normalize: bool, timings: Timings) -> np.ndarray:
         """Float32 [num_seqs, dim] rows in input order, or an APIError saying why not."""
@@ -100,7 +103,8 @@ class Pipeline:
             chunks.append(Chunk(
                 chunk_id=self.client.new_chunk_id(), task=task, num_seqs=end - start, num_tokens=hi - lo,
                 normalize=normalize, timeout_s=timeout_s, has_token_types=types is not None,
-                input_ids=seqs.input_ids[lo:hi], seq_lens=seqs.seq_lens[start:end], token_type_ids=types,
+                model=self.model_fingerprint, input_ids=seqs.input_ids[lo:hi], seq_lens=seqs.seq_lens[start:end],
+                token_type_ids=types,
             ))
         return chunks
 
@@ -114,7 +118,10 @@ class Pipeline:
             for task_ in done:
                 exc = task_.exception()
                 if isinstance(exc, ChunkFailed):
-                    raise APIError(CHUNK_ERRORS.get(exc.code, "internal"), exc.message,
+                    message = exc.message
+                    if exc.code == ErrorCode.UNAVAILABLE.value and self.model_name:
+                        message = f"model {self.model_name!r}: {message}"
+                    raise APIError(CHUNK_ERRORS.get(exc.code, "internal"), message,
                                    headers={"Retry-After": RETRY_AFTER_S} if exc.code in ("overloaded", "unavailable") else {})
                 if exc is not None:
                     raise exc

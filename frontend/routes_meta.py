@@ -31,15 +31,21 @@ def metrics_registry() -> CollectorRegistry:
 
 
 async def health(call: Call) -> Response:
+    """200 while some worker is live; with several models, the live workers of each by name."""
     client = call.service.client
     if not client.broker_alive:
         raise APIError("unavailable", "the broker is unreachable")
     if client.live_workers == 0:
         raise APIError("unavailable", "no worker is live")
-    return json_response({"status": "ok", "live_workers": client.live_workers})
+    body: dict[str, object] = {"status": "ok", "live_workers": client.live_workers}
+    services = call.request.app.state.models.services
+    if len(services) > 1:
+        body["models"] = {s.model_name: client.workers_by_model.get(s.fingerprint, 0) for s in services}
+    return json_response(body)
 
 
 async def info(call: Call) -> Response:
+    """The facts of the model `?model=NAME` names (the first model by default)."""
     service = call.service
     model = service.info
     settings = service.settings
@@ -74,6 +80,7 @@ async def info(call: Call) -> Response:
             "max_header_bytes": settings.max_header_bytes,
         },
         "version": __version__,
+        "models": call.request.app.state.models.names(),
     })
 
 
@@ -94,8 +101,8 @@ async def tokenize(call: Call) -> Response:
 
 
 async def models(call: Call) -> Response:
-    """OpenAI's model list: the served model under each of its names."""
-    service = call.service
+    """OpenAI's model list: every served model under each of its names."""
     cards = [{"id": name, "object": "model", "created": STARTED, "owned_by": "quiver",
-              "max_model_len": service.info.max_input_length} for name in service.model_names]
+              "max_model_len": service.info.max_input_length}
+             for service in call.request.app.state.models.services for name in service.model_names]
     return json_response({"object": "list", "data": cards})

@@ -20,7 +20,7 @@ from quiver.frontend import metrics
 from quiver.frontend.errors import APIError
 from quiver.frontend.http import Call, json_response
 from quiver.frontend.pipeline import Timings
-from quiver.frontend.schemas import INSTRUCTION_HELP, TRUNCATE_HELP, Direction, Inputs
+from quiver.frontend.schemas import INSTRUCTION_HELP, MODEL_HELP, TRUNCATE_HELP, Direction, Inputs
 from quiver.frontend.schemas import Request as RequestModel
 from quiver.frontend.service import ROUTES_BY_KIND, Service, describe
 
@@ -33,6 +33,7 @@ class SparseEmbedRequest(RequestModel):
     truncation_direction: Direction = "right"
     prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
     instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
+    model: StrictStr | None = Field(None, description=MODEL_HELP)
 
 
 SPARSE_RESPONSE_SCHEMA = {"type": "array", "items": {"type": "array", "items": {
@@ -61,7 +62,7 @@ async def sparse_embed(service: Service, inputs: object, *, route: str, truncate
     results = await service.pipeline.run_results(seqs, TASK_EMBED, False, timings)
     for stage, seconds in (("tokenization", timings.tokenization_s), ("queue", timings.queue_s),
                            ("inference", timings.inference_s)):
-        metrics.STAGE_SECONDS.labels(route, stage).observe(seconds)
+        metrics.STAGE_SECONDS.labels(route, stage, service.model_name).observe(seconds)
     return [row for result in results for row in result_rows(result)], seqs.num_tokens, timings
 
 

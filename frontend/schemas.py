@@ -15,6 +15,8 @@ Inputs = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
 Direction = Literal["left", "right", "Left", "Right"]
 EncodingFormat = Literal["float", "base64", "int8", "binary", "ubinary", "base64_int8", "base64_binary"]
 
+MODEL_HELP = ("which served model answers (GET /v1/models lists them; default: the first); with one model "
+              "any name is accepted unless the server runs with --strict-model-name")
 INSTRUCTION_HELP = ("a task instruction, written in the model's instruction format before each input "
                     "(Qwen3-Embedding: 'Instruct: {instruction}\\nQuery:{input}'); not with prompt_name")
 RERANK_INSTRUCTION_HELP = "Qwen3-Reranker only: the <Instruct> of its prompt (default: web search)"
@@ -32,7 +34,7 @@ class EmbeddingRequest(Request):
     """POST /v1/embeddings, as OpenAI's embeddings API."""
 
     input: Inputs = Field(description="a string, a list of strings, a list of token ids or a list of such lists")
-    model: str | None = Field(None, description="accepted for compatibility; the server runs one model")
+    model: str | None = Field(None, description=MODEL_HELP)
     encoding_format: EncodingFormat = Field(
         "float",
         description="float; base64: little-endian float32; for models that emit quantized embeddings "
@@ -90,6 +92,7 @@ class EmbedRequest(Request):
     instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
     dimensions: StrictInt | None = None
     split_long_inputs: bool | None = Field(None, description=SPLIT_HELP)
+    model: StrictStr | None = Field(None, description=MODEL_HELP)
 
 
 class RerankRequest(Request):
@@ -102,6 +105,7 @@ class RerankRequest(Request):
     raw_scores: bool = Field(False, description="the model's logits instead of their sigmoid")
     return_text: bool = False
     instruction: StrictStr | None = Field(None, description=RERANK_INSTRUCTION_HELP)
+    model: StrictStr | None = Field(None, description=MODEL_HELP)
 
 
 class Rank(BaseModel):
@@ -121,6 +125,7 @@ class PredictRequest(Request):
     truncate: bool | None = Field(None, description=TRUNCATE_HELP)
     truncation_direction: Direction = "right"
     raw_scores: bool = Field(False, description="logits instead of softmax (sigmoid for one label)")
+    model: StrictStr | None = Field(None, description=MODEL_HELP)
 
 
 class Prediction(BaseModel):
@@ -135,6 +140,7 @@ class TokenizeRequest(Request):
     add_special_tokens: bool = True
     prompt_name: str | None = None
     instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
+    model: StrictStr | None = Field(None, description=MODEL_HELP)
 
 
 class SimpleToken(BaseModel):
@@ -160,7 +166,7 @@ class CohereRerankRequest(Request):
 
     query: StrictStr
     documents: list[Union[StrictStr, RerankDocument]]
-    model: str | None = Field(None, description="accepted for compatibility; the server runs one model")
+    model: str | None = Field(None, description=MODEL_HELP)
     top_n: StrictInt | None = Field(None, ge=0, description="keep the N best results (0 or absent: all)")
     return_documents: bool | None = Field(None, description="include each result's document (default: no on "
                                                          "/v1/rerank, as Cohere; yes on /v2/rerank, as vLLM)")
@@ -196,7 +202,7 @@ class ScoreRequest(Request):
     text_1: Union[StrictStr, list[StrictStr]] = Field(validation_alias=AliasChoices("text_1", "queries", "data_1"))
     text_2: Union[StrictStr, list[StrictStr]] = Field(
         validation_alias=AliasChoices("text_2", "documents", "items", "data_2"))
-    model: str | None = Field(None, description="accepted for compatibility; the server runs one model")
+    model: str | None = Field(None, description=MODEL_HELP)
     truncate: bool | None = Field(None, description=TRUNCATE_HELP)
     raw_scores: bool = Field(False, description="the model's logits instead of their sigmoid")
     use_activation: bool | None = Field(None, description="vLLM: false answers the raw logits (as raw_scores)")
@@ -254,6 +260,7 @@ class Info(BaseModel):
     labels: dict[str, str] | None
     limits: dict[str, float]
     version: str
+    models: list[str]
 
 
 EMBED_RESPONSE_SCHEMA = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}

@@ -1,9 +1,10 @@
 """What the routes share: the model's facts, the tokenizer, the pipeline to the workers.
 
 Routes parse their API's request format, call one of these methods with plain arguments, and
-write the answer in their API's response format. A server runs one model: embed() needs an
-embedding model, score() a scorer (a cross-encoder with one label, or a reranker), classify() a
-classifier; any other pairing is refused with reason "wrong_model_kind".
+write the answer in their API's response format. A Service runs one model (a frontend serving
+several holds one Service each, frontend/models.py): embed() needs an embedding model, score() a
+scorer (a cross-encoder with one label, or a reranker), classify() a classifier; any other
+pairing is refused with reason "wrong_model_kind".
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ class Scores:
     timings: Timings
 
 
-def _record_stages(route: str, timings: Timings) -> None:
+def _record_stages(route: str, timings: Timings, model: str) -> None:
     for stage, seconds in (("tokenization", timings.tokenization_s), ("queue", timings.queue_s),
                            ("inference", timings.inference_s)):
-        metrics.STAGE_SECONDS.labels(route, stage).observe(seconds)
+        metrics.STAGE_SECONDS.labels(route, stage, model).observe(seconds)
 
 
 # What each kind of model answers, for errors that refuse a route.
@@ -94,15 +95,18 @@ def matryoshka(rows: np.ndarray, dimensions: int | None, normalize: bool) -> np.
 
 
 class Service:
-    def __init__(self, settings: FrontendSettings, info: ModelInfo, client: BrokerClient) -> None:
+    def __init__(self, settings: FrontendSettings, info: ModelInfo, client: BrokerClient,
+                 admission: Admission | None = None, fingerprint: str = "") -> None:
         self.settings = settings
         self.info = info
         self.model_names = served_names(settings.served_model_name) or [info.name]
         self.model_name = self.model_names[0]
+        # Named in every chunk, so that only this model's workers run it ('' : any worker).
+        self.fingerprint = fingerprint
         self.tokenizer = TextTokenizer(info, settings.tokenization_pool_threads)
         self.client = client
-        self.admission = Admission(settings.max_inflight_tokens)
-        self.pipeline = Pipeline(client, settings, self.admission)
+        self.admission = admission or Admission(settings.max_inflight_tokens)
+        self.pipeline = Pipeline(client, settings, self.admission, fingerprint, self.model_name)
 
     def check_model(self, model: str | None) -> None:
         """A server runs one model: any `model` is answered by it, as TEI does, and counted when it names
@@ -212,7 +216,7 @@ class Service:
         seqs = await self.tokenize(inputs, truncate, direction, prompt_name, param, timings, instruction)
         self._observe(route, seqs)
         rows = await self.pipeline.run(seqs, TASK_EMBED, normalize, timings)
-        _record_stages(route, timings)
+        _record_stages(route, timings, self.model_name)
         return Embeddings(matryoshka(rows, dimensions, normalize), seqs.num_tokens, timings)
 
     async def score(self, query: str | list[str], documents: list[str], *, route: str, truncate: bool | None,
@@ -232,7 +236,7 @@ class Service:
         timings.tokenization_s = time.monotonic() - started
         self._observe(route, seqs)
         logits = (await self.pipeline.run(seqs, TASK_SCORE, False, timings))[:, 0]
-        _record_stages(route, timings)
+        _record_stages(route, timings, self.model_name)
         values = logits if raw_scores else sigmoid(logits)
         return Scores(values, seqs.num_tokens, timings)
 
@@ -252,7 +256,7 @@ class Service:
         timings.tokenization_s = time.monotonic() - started
         self._observe(route, seqs)
         logits = await self.pipeline.run(seqs, TASK_CLASSIFY, False, timings)
-        _record_stages(route, timings)
+        _record_stages(route, timings, self.model_name)
         if raw_scores:
             values = logits
         else:

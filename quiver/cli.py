@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Callable
 
 from quiver.common.config import (
-    SERVE_HIDDEN, BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, add_arguments, from_namespace,
+    SERVE_HIDDEN, BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, add_arguments, env_name,
+    from_namespace, parse_value,
 )
 from quiver.common.logs import setup_logging
 from quiver.common.model_info import EXIT_MODEL_ERROR
@@ -73,12 +75,49 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_presets(path: str) -> tuple[dict[str, object], list]:
+    """A --config file's [serve] options (as ServeSettings values) and its [[models]]."""
+    from typing import get_type_hints
+
+    from quiver.common.models_file import ModelsFileError, load_models_file
+
+    document = load_models_file(path)
+    hints = get_type_hints(ServeSettings)
+    offered = {f for f in hints if f not in SERVE_HIDDEN | {"model", "config"}}
+    presets: dict[str, object] = {}
+    for key, value in document.serve.items():
+        if key not in offered:
+            raise ModelsFileError(f"{path}: [serve] has no option {key!r}")
+        try:
+            presets[key] = parse_value(hints[key], str(value).lower() if isinstance(value, bool) else str(value))
+        except ValueError as exc:
+            raise ModelsFileError(f"{path}: [serve] {key} = {value!r}: {exc}") from exc
+    return presets, document.models
+
+
 def _serve(args: argparse.Namespace) -> int:
+    """Options on the command line (or QUIVER_*) win over the --config file's [serve], which win over
+    the defaults; models come from --model (repeatable) or the file's [[models]]."""
+    from quiver.common.model_info import ModelError
+    from quiver.plan import ServeError, serve_models
     from quiver.supervisor import Supervisor
 
-    settings = from_namespace(ServeSettings, args)
-    setup_logging(settings.log_level, "serve")
-    return Supervisor(settings).run()
+    cli_models: list[str] = args.model or ([os.environ[env_name("model")]] if os.environ.get(env_name("model")) else [])
+    args.model = cli_models[0] if len(cli_models) == 1 else None
+    try:
+        presets, config_models = _config_presets(args.config) if args.config else ({}, [])
+        settings = from_namespace(ServeSettings, args, presets)
+        setup_logging(settings.log_level, "serve")
+        models = serve_models(settings, cli_models, config_models)
+    except ModelError as exc:
+        setup_logging("info", "serve")
+        logging.getLogger("quiver.serve").error("cannot serve: %s", exc)
+        return EXIT_MODEL_ERROR
+    except ServeError as exc:
+        setup_logging("info", "serve")
+        logging.getLogger("quiver.serve").error("cannot serve: %s", exc)
+        return exc.exit_code
+    return Supervisor(settings, models).run()
 
 
 COMMANDS_GROUP = "quiver.commands"  # entry points that add a subcommand: fn(subparsers)
@@ -98,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (settings_type, _, help_text, exclude) in ROLES.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
+        if name == "serve":
+            sub.add_argument("--model", action="append", metavar="MODEL",
+                             help="checkpoint directory or hub id; repeat it to serve several models, each under "
+                                  "its own name [env QUIVER_MODEL (one); default: the packaged all-MiniLM-L6-v2]")
+            exclude = exclude | {"model"}
         add_arguments(sub, settings_type, exclude)
     keys = commands.add_parser("keys", help="make a CurveZMQ key pair for links between hosts",
                                description="Write NAME.key (public) and NAME.key_secret (secret) into DIR.")

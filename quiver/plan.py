@@ -6,6 +6,11 @@ Any other field is left to the child, which reads it from the QUIVER_* environme
 `QUIVER_WATCHDOG_S=5 quiver serve` reaches the workers. Secrets (fields marked secret, such as the API
 key) are taken out of every child's environment and given, as environment variables, only to the
 child whose settings have them: never on a command line, where `ps` shows them.
+
+Several models: each model's workers get that model and its own options (common/models_file.py:
+devices, dtype, batch sizes, a share of a GPU's memory), all register with the one broker, and the
+frontend gets a models file naming every model. Workers that share a GPU split its memory: each gets
+the fraction its model asks for, or an equal part of what those that ask leave of DEFAULT_GPU_SHARE.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import re
 import socket
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -26,12 +32,15 @@ from quiver.common.config import (
     secret_environment, secret_names, to_argv,
 )
 from quiver.common.model_info import EXIT_MODEL_ERROR
+from quiver.common.models_file import ModelEntry, write_models_file
 from quiver.common.security import CLUSTER_SECRET_ENV, new_cluster_secret
 
 log = logging.getLogger("quiver.serve")
 
 EXIT_USAGE = 2
 DEFAULT_GPU_BUSY_POLL_US = 500
+# The memory of a GPU that workers sharing it split when their models ask for no fraction.
+DEFAULT_GPU_SHARE = 0.9
 _CUDA_LIST = re.compile(r"^cuda:(\d+(?:,\d+)*)$")
 
 
@@ -178,12 +187,56 @@ def _child(name: str, role: str, role_type: type, values: dict[str, Any], base_e
     return ChildSpec(name, role, argv, env)
 
 
-def plan_children(settings: ServeSettings, model_dir: Path, runtime_dir: Path, gpus: int) -> list[ChildSpec]:
-    """broker first, then the workers, then the frontend."""
+def serve_models(settings: ServeSettings, cli_models: list[str], config_models: list[ModelEntry]) -> list[ModelEntry]:
+    """The models serve runs: each --model given, or the config file's [[models]], or --model's default
+    (the packaged MiniLM). --served-model-name names the model only when there is one."""
+    if cli_models and config_models:
+        raise ServeError("give the models either as --model options or as [[models]] in --config, not both",
+                         EXIT_USAGE)
+    if config_models:
+        return config_models
+    models = cli_models or [settings.model]
+    if len(models) > 1 and settings.served_model_name:
+        raise ServeError("--served-model-name names one model; with several, give each its names in a --config "
+                         "file's [[models]] tables", EXIT_USAGE)
+    return [ModelEntry(model, settings.served_model_name if len(models) == 1 else "") for model in models]
+
+
+def _model_label(entry: ModelEntry) -> str:
+    names = entry.names()
+    return re.sub(r"[^A-Za-z0-9._-]", "_", names[0] if names else Path(entry.model).name)[:64]
+
+
+def _memory_shares(workers: list[tuple[ModelEntry, str]], default: float) -> list[float]:
+    """Each worker's GPU memory fraction (0: the engine's default), from its model's and serve's asks."""
+    sharing = Counter(device for _, device in workers if device != "cpu")
+    shares = [entry.gpu_memory_fraction or default for entry, _ in workers]
+    for device, count in sharing.items():
+        if count == 1:
+            continue
+        on_it = [i for i, (_, d) in enumerate(workers) if d == device]
+        asked = sum(shares[i] for i in on_it)
+        unasked = [i for i in on_it if not shares[i]]
+        if asked > 1.0 or (unasked and asked >= DEFAULT_GPU_SHARE):
+            raise ServeError(f"the workers on {device} ask for {asked:g} of its memory; their fractions must "
+                             f"leave room for each ({len(on_it)} workers share it)", EXIT_USAGE)
+        for i in unasked:
+            shares[i] = round((DEFAULT_GPU_SHARE - asked) / len(unasked), 4)
+    return shares
+
+
+def plan_children(settings: ServeSettings, model_dir: Path, runtime_dir: Path, gpus: int,
+                  models: list[ModelEntry] | None = None) -> list[ChildSpec]:
+    """broker first, then the workers (model by model), then the frontend. `models` (checkpoint
+    directories resolved) default to `model_dir` alone."""
     s = settings
-    devices = worker_devices(s.device, s.workers, gpus)
-    check_fp8_devices(s.dtype, devices)
-    on_gpu = devices[0] != "cpu"
+    entries = models or [ModelEntry(str(model_dir), s.served_model_name)]
+    workers = [(entry, device) for entry in entries
+               for device in worker_devices(entry.device or s.device, entry.workers or s.workers, gpus)]
+    for entry in entries:
+        check_fp8_devices(entry.dtype or s.dtype, [device for e, device in workers if e is entry])
+    devices = [device for _, device in workers]
+    on_gpu = any(device != "cpu" for device in devices)
     frontend_endpoint = s.frontend_endpoint or f"ipc://{runtime_dir}/frontend.sock"
     worker_endpoint = s.worker_endpoint or f"ipc://{runtime_dir}/worker.sock"
     # Busy polling buys latency with CPU time: worth it beside GPUs, not where the CPUs do the work.
@@ -200,16 +253,26 @@ def plan_children(settings: ServeSettings, model_dir: Path, runtime_dir: Path, g
         "metrics_port": pick_port(s.broker_metrics_port, s.metrics_host, "the broker's /metrics"),
     }), base_env)]
     threads = s.threads or max(1, (os.cpu_count() or 1) // len(devices))
-    for index, device in enumerate(devices):
+    shares = _memory_shares(workers, s.gpu_memory_fraction)
+    for index, ((entry, device), share) in enumerate(zip(workers, shares)):
         name = device if device != "cpu" else f"cpu-{index}"
+        if len(entries) > 1:
+            name = f"{_model_label(entry)}-{name}"
         port = pick_port(s.worker_metrics_port + index if s.worker_metrics_port else 0, s.metrics_host,
                          f"worker {name}'s /metrics")
         children.append(_child(f"worker {name}", "worker", WorkerSettings, _role_values(s, WorkerSettings, {
-            "broker": worker_endpoint, "model": str(model_dir), "device": device, "name": name,
+            "broker": worker_endpoint, "model": entry.model, "device": device, "name": name,
             "threads": threads if device == "cpu" else 0, "busy_poll_us": busy_poll_us, "metrics_port": port,
+            "dtype": entry.dtype or s.dtype, "max_batch_tokens": entry.max_batch_tokens or s.max_batch_tokens,
+            "max_batch_seqs": entry.max_batch_seqs or s.max_batch_seqs, "gpu_memory_fraction": share,
+            "model_name": (entry.names() or [""])[0],
         }), base_env))
-    children.append(_child("frontend", "frontend", FrontendSettings, _role_values(s, FrontendSettings, {
-        "broker": frontend_endpoint, "model": str(model_dir),
-        "http_processes": s.http_processes or default_http_processes(len(devices) if on_gpu else 0, os.cpu_count() or 1),
-    }), base_env))
+    frontend = {"broker": frontend_endpoint, "model": entries[0].model, "served_model_name": entries[0].served_model_name,
+                "http_processes": s.http_processes or default_http_processes(len(devices) if on_gpu else 0,
+                                                                             os.cpu_count() or 1)}
+    if len(entries) > 1:
+        frontend["models_file"] = str(runtime_dir / "models.toml")
+        write_models_file(runtime_dir / "models.toml", entries)
+    children.append(_child("frontend", "frontend", FrontendSettings, _role_values(s, FrontendSettings, frontend),
+                           base_env))
     return children

@@ -25,12 +25,14 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
 from quiver.common import sdnotify
 from quiver.common.config import ServeSettings
 from quiver.common.model_info import EXIT_MODEL_ERROR, ModelError, load_model_info, resolve_model_dir
+from quiver.common.models_file import ModelEntry
 from quiver.plan import ChildSpec, ServeError, check_device_syntax, plan_children, visible_gpus
 
 log = logging.getLogger("quiver.serve")
@@ -130,8 +132,9 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, settings: ServeSettings) -> None:
+    def __init__(self, settings: ServeSettings, models: list[ModelEntry] | None = None) -> None:
         self.settings = settings
+        self.models = models or [ModelEntry(settings.model, settings.served_model_name)]
         self.stop_requested = False
         self.children: list[Child] = []
         self.runtime_dir: Path | None = None
@@ -143,16 +146,21 @@ class Supervisor:
     def _plan(self) -> list[ChildSpec]:
         s = self.settings
         check_device_syntax(s.device)
-        model_dir = resolve_model_dir(s.model)
-        info = load_model_info(model_dir)
-        gpus = visible_gpus() if s.device != "cpu" else 0
+        for entry in self.models:
+            check_device_syntax(entry.device)
+        models = [replace(entry, model=str(resolve_model_dir(entry.model))) for entry in self.models]
+        infos = [load_model_info(entry.model) for entry in models]
+        devices = {entry.device or s.device for entry in models}
+        gpus = visible_gpus() if devices != {"cpu"} else 0
         base = os.environ.get("XDG_RUNTIME_DIR")
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="quiver-serve-", dir=base if base and os.access(base, os.W_OK)
                                                  else None))  # mode 0700: the broker's sockets are ours alone
-        specs = plan_children(s, model_dir, self.runtime_dir, gpus)
-        workers = [spec for spec in specs if spec.role == "worker"]
-        log.info("serving %s (%s) from %s with %d worker(s) on %s", info.name, info.kind, model_dir, len(workers),
-                 ", ".join(sorted({spec.argv[spec.argv.index("--device") + 1] for spec in workers})))
+        specs = plan_children(s, Path(models[0].model), self.runtime_dir, gpus, models)
+        for entry, info in zip(models, infos):
+            workers = [spec for spec in specs if spec.role == "worker"
+                       and spec.argv[spec.argv.index("--model") + 1] == entry.model]
+            log.info("serving %s (%s) from %s with %d worker(s) on %s", info.name, info.kind, entry.model,
+                     len(workers), ", ".join(sorted({spec.argv[spec.argv.index("--device") + 1] for spec in workers})))
         return specs
 
     def run(self) -> int:

@@ -79,9 +79,10 @@ def run_worker(settings: WorkerSettings) -> int:
     log.info("worker %s: %s (%s) on %s in %s; batches of up to %d tokens / %d sequences",
              name, info.model.name, info.model.architecture, info.device, info.dtype,
              info.max_batch_tokens, info.max_batch_seqs)
-    metrics.INFO.labels(info.model.name, info.model.kind, info.dtype).set(1)
+    metrics.INFO.labels(info.model.kind, info.dtype).set(1)
     metrics.watch_engine(engine)
-    serve_metrics(settings.metrics_port, settings.metrics_host, labels={"worker": name, "device": info.device})
+    serve_metrics(settings.metrics_port, settings.metrics_host,
+                  labels={"worker": name, "device": info.device, "model": settings.model_name or info.model.name})
 
     ready = Ready(
         version=PROTOCOL_VERSION, name=name, model=info.model.name, device=info.device,

@@ -1,5 +1,5 @@
 """broker/dispatch.py on its own, no sockets: the choice of worker, capacity, the bounded queue,
-requeue to the front, cancel, expiry, hold deadlines and duplicate detection."""
+requeue to the front, cancel, expiry, hold deadlines, duplicate detection and the pools per model."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ from quiver.common.protocol import Chunk, Routed, peek
 
 
 def pending(chunk_id: str, tokens: int = 10, task: str = "embed", deadline: float = 100.0,
-            frontend: bytes = b"f") -> PendingChunk:
+            frontend: bytes = b"f", model: str = "") -> PendingChunk:
     message = Chunk(chunk_id=chunk_id, task=task, num_seqs=1, num_tokens=tokens, normalize=True, timeout_s=5.0,
-                    input_ids=np.zeros(tokens, dtype=np.int32), seq_lens=np.array([tokens], dtype=np.int32))
+                    model=model, input_ids=np.zeros(tokens, dtype=np.int32), seq_lens=np.array([tokens], dtype=np.int32))
     routed = peek([bytes(f) for f in message.encode()])
     assert isinstance(routed, Routed)
     return PendingChunk(message=routed, frontends=[frontend], deadline=deadline)
 
 
-def worker(name: str, capacity: int = 100, tasks: tuple[str, ...] = ("embed",)) -> WorkerState:
+def worker(name: str, capacity: int = 100, tasks: tuple[str, ...] = ("embed",), fingerprint: str = "") -> WorkerState:
     return WorkerState(identity=name.encode(), name=name, device="cpu", capacity_tokens=capacity,
-                       tasks=frozenset(tasks), expiry=10.0, output_dim=4)
+                       tasks=frozenset(tasks), expiry=10.0, output_dim=4, fingerprint=fingerprint)
 
 
 def with_workers(*workers: WorkerState, max_queued: int = 3) -> Dispatcher:
@@ -137,3 +137,50 @@ def test_a_chunk_held_past_its_hold_deadline_is_taken_back_and_its_holder_rememb
     assert not dispatcher.knows("slow") and dispatcher.knows("quick")
     dispatcher.complete("quick")
     assert dispatcher.pick_worker(slow) is b  # not back to the worker that sat on it
+
+
+def test_a_chunk_goes_only_to_a_worker_of_the_model_it_names():
+    mini, mini2, rerank = worker("m", fingerprint="aa"), worker("m2", fingerprint="aa"), worker("r", fingerprint="bb")
+    dispatcher = with_workers(mini, mini2, rerank)
+    dispatcher.assign(pending("1", tokens=50, model="aa"), mini)
+    assert dispatcher.pick_worker(pending("2", model="aa")) is mini2  # least loaded within the model's pool
+    dispatcher.assign(pending("3", tokens=90, model="aa"), mini2)
+    assert dispatcher.pick_worker(pending("4", tokens=60, model="aa")) is None  # the idle reranker is no choice
+    assert dispatcher.pick_worker(pending("5", model="bb")) is rerank
+    assert dispatcher.pick_worker(pending("6", model="cc")) is None
+    assert dispatcher.pick_worker(pending("7")) is rerank  # a chunk naming no model: any worker
+    assert (dispatcher.live_workers("aa"), dispatcher.live_workers("bb"), dispatcher.live_workers("")) == (2, 1, 3)
+    mini.draining = True
+    assert dispatcher.live_workers("aa") == 2 and dispatcher.pick_worker(pending("8", tokens=20, model="aa")) is None
+
+
+def test_each_model_waits_in_its_own_pool_so_a_busy_model_holds_back_no_other():
+    mini, rerank = worker("m", capacity=10, fingerprint="aa"), worker("r", fingerprint="bb")
+    dispatcher = with_workers(mini, rerank, max_queued=4)
+    dispatcher.assign(pending("busy", tokens=10, model="aa"), mini)
+    for chunk_id, model in (("a1", "aa"), ("b1", "bb"), ("a2", "aa"), ("b2", "bb")):
+        dispatcher.enqueue(pending(chunk_id, model=model))
+    with pytest.raises(QueueFull):  # one bound over every pool
+        dispatcher.enqueue(pending("b3", model="bb"))
+    assert sorted(dispatcher.pools) == ["aa", "bb"] and dispatcher.has_waiting("aa")
+    ready = dispatcher.next_dispatch()
+    assert ready is not None and ready[0].chunk_id == "b1" and ready[1] is rerank  # past the waiting "a1"
+    assert dispatcher.pop_queued("bb").chunk_id == "b1"
+    assert dispatcher.pop_queued("bb").chunk_id == "b2" and "bb" not in dispatcher.pools  # an empty pool goes
+    requeued = pending("a0", model="aa")
+    dispatcher.enqueue(requeued, front=True, now=7.0)
+    assert [c.chunk_id for c in dispatcher.pools["aa"]] == ["a0", "a1", "a2"] and requeued.queued_at == 7.0
+    assert dispatcher.cancel("a1") is not None and dispatcher.find("a2") is not None
+    dispatcher.complete("busy")
+    ready = dispatcher.next_dispatch()
+    assert ready is not None and ready[0].chunk_id == "a0" and ready[1] is mini
+
+
+def test_waiting_chunks_of_a_model_are_taken_by_condition_across_pools():
+    dispatcher = with_workers(max_queued=5)
+    for chunk_id, model, deadline in (("a", "aa", 5.0), ("b", "bb", 50.0), ("c", "bb", 5.0)):
+        dispatcher.enqueue(pending(chunk_id, model=model, deadline=deadline))
+    assert sorted(c.chunk_id for c in dispatcher.take_expired_queued(now=10.0)) == ["a", "c"]
+    assert list(dispatcher.pools) == ["bb"] and dispatcher.queued_ids == {"b"}
+    assert [c.chunk_id for c in dispatcher.take_queued(lambda c: c.model == "bb")] == ["b"]
+    assert not dispatcher.pools and not dispatcher.queue

@@ -97,6 +97,23 @@ def test_header_field_types_are_checked():
             decode([frames[0], msgpack.packb(header), *frames[2:]])
 
 
+def test_chunks_and_heartbeats_name_models():
+    assert roundtrip(make_chunk(model="0123abcd")).model == "0123abcd"
+    assert roundtrip(make_chunk()).model == ""  # no model: any worker
+    beat = Heartbeat(models={"aa": "minilm", "bb": "reranker"}, workers_by_model={"aa": 2, "bb": 0})
+    assert roundtrip(beat) == beat
+    frames = [bytes(f) for f in Heartbeat().encode()]
+    for field, value in (("models", ["aa"]), ("models", {"aa": 3}), ("workers_by_model", {"aa": -1}),
+                         ("workers_by_model", {"x" * 200: 1})):
+        with pytest.raises(ProtocolError, match=field):
+            decode([frames[0], msgpack.packb({field: value}), *frames[2:]])
+    chunk_frames = [bytes(f) for f in make_chunk().encode()]
+    header = msgpack.unpackb(chunk_frames[1])
+    header["model"] = 7
+    with pytest.raises(ProtocolError, match="model"):
+        decode([chunk_frames[0], msgpack.packb(header), *chunk_frames[2:]])
+
+
 def test_split_identity():
     identity, rest = split_identity([b"peer", b"\x02", msgpack.packb({})])
     assert identity == b"peer" and len(rest) == 2

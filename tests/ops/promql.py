@@ -32,10 +32,11 @@ def alert_rules() -> list[dict]:
     return [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
 
 
-def for_prometheus(expr: str, rate_interval: str = "1m") -> str:
-    """A dashboard query as Grafana sends it, its variables filled in."""
+def for_prometheus(expr: str, rate_interval: str = "1m", model: str = ".*") -> str:
+    """A dashboard query as Grafana sends it, its variables filled in (`model`: the selector's regex,
+    every model by default, as its "All" sends)."""
     return (expr.replace("$__rate_interval", rate_interval).replace("$__interval", rate_interval)
-            .replace("$__range", rate_interval))
+            .replace("$__range", rate_interval).replace("$model", model))
 
 
 def quiver_series(expr: str) -> set[str]:

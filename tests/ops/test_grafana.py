@@ -63,3 +63,14 @@ def test_the_dashboard_is_importable_and_documented():
         assert panel["description"], panel["title"]
         assert all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"])
         assert f"**{panel['title']}**" in operations, f"README's Operations section does not explain {panel['title']!r}"
+
+
+def test_a_model_selector_filters_the_request_latency_and_worker_panels():
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    selector = variables["model"]
+    assert selector["includeAll"] and selector["allValue"] == ".*"
+    assert "label_values(quiver_requests_total, model)" in selector["query"]["query"]
+    for title, expr in dashboard_queries():
+        for series in quiver_series(expr):
+            if series.startswith(("quiver_requests_total", "quiver_request_stage_seconds", "quiver_worker_")):
+                assert re.search(series + r'\{[^}]*model=~"\$model"', expr), f"{title}: {series} ignores the model"

@@ -18,7 +18,7 @@ from tests.ops.conftest import OPS
 UNITS = OPS / "systemd"
 INSTALLED_QUIVER = "/opt/quiver/venv/bin/quiver"
 SERVICES = {"quiver-broker.service": BrokerSettings, "quiver-frontend.service": FrontendSettings,
-            "quiver-worker@.service": WorkerSettings}
+            "quiver-worker@.service": WorkerSettings, "quiver-model-worker@.service": WorkerSettings}
 
 
 def directives(name: str) -> dict[str, dict[str, list[str]]]:
@@ -100,6 +100,18 @@ def test_the_worker_is_ready_when_warm_watched_drains_and_still_opens_the_gpu():
     assert one(unit, "Service", "NotifyAccess") == "main"
 
 
+def test_the_model_worker_takes_its_model_and_device_from_its_instance_file():
+    unit = directives("quiver-model-worker@.service")
+    plain = directives("quiver-worker@.service")
+    assert environment(unit)["QUIVER_NAME"] == "%i" and "QUIVER_DEVICE" not in environment(unit)
+    files = unit["Service"]["EnvironmentFile"]
+    assert files[-1] == "/etc/quiver/model-worker-%i.env", "required (no '-'): it names the model and the GPU"
+    for key in ("Type", "Restart", "RestartPreventExitStatus", "WatchdogSec", "TimeoutStopSec", "DevicePolicy",
+                "After", "Before", "User"):
+        assert one(unit, "Service" if key not in ("After", "Before") else "Unit", key) == \
+            one(plain, "Service" if key not in ("After", "Before") else "Unit", key), key
+
+
 def test_broker_and_frontend_units():
     broker = directives("quiver-broker.service")
     assert environment(broker)["QUIVER_METRICS_PORT"] == "9300"
@@ -135,7 +147,9 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path):
         if path.suffix in (".service", ".target"):
             (tmp_path / path.name).write_text(path.read_text().replace(INSTALLED_QUIVER, str(quiver)))
     (tmp_path / "quiver-worker@0.service").symlink_to("quiver-worker@.service")
-    names = ["quiver.target", "quiver-broker.service", "quiver-frontend.service", "quiver-worker@0.service"]
+    (tmp_path / "quiver-model-worker@reranker-gpu1.service").symlink_to("quiver-model-worker@.service")
+    names = ["quiver.target", "quiver-broker.service", "quiver-frontend.service", "quiver-worker@0.service",
+             "quiver-model-worker@reranker-gpu1.service"]
     result = subprocess.run([tool, "verify", "--man=no", *[f"./{n}" for n in names]], cwd=tmp_path,
                             capture_output=True, text=True, timeout=120)
     output = (result.stdout + result.stderr).strip()
