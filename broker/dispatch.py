@@ -72,6 +72,7 @@ class WorkerState:
     outstanding_tokens: int = 0
     draining: bool = False
     inflight: dict[str, PendingChunk] = field(default_factory=dict)
+    token_dim: int = 0  # width of its TASK_TOKENS result rows
 
     def fits(self, chunk: PendingChunk) -> bool:
         if self.draining or chunk.task not in self.tasks:
