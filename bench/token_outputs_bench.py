@@ -10,7 +10,8 @@ sparse_linear / colbert_linear heads in BGE-M3's files. Measures, in one process
   token rows are pooled per chunk, against 400 chunks embedded as plain 32-token sequences (on the same
   engine: its pooled path is the plain encoder's; its token rows carry one column more than a plain
   encoder's hidden states, which the pooling ignores).
-Before timing, the bf16 outputs are checked against float32 on the same device (cosine ≥ 0.999).
+Before timing, the bf16 outputs are checked against float32 on the same device (dense and mean ColBERT
+cosine ≥ 0.999, lexical weights within 2 % of the largest); the run stops there when they are not.
 Engine figures, not the HTTP path: the server adds its path cost (bench/RESULTS.md) to both sides.
 
     python -m quiver.bench.token_outputs_bench --out results.json [--root DIR] [--device cuda] [--small]
@@ -133,6 +134,10 @@ def main() -> None:
         "pooled_vs_token_dense_cos_min": float(cosines(pooled[:, :hidden], low[firsts, :hidden]).min()),
     }
     del reference
+    check = results["check"]
+    if min(check["dense_cos_min"], check["colbert_cos_mean"], check["pooled_vs_token_dense_cos_min"]) < 0.999 \
+            or check["sparse_abs_max"] > 0.02 * max(check["sparse_scale"], 1e-6):
+        raise SystemExit(f"bf16 outputs diverge from float32; nothing timed: {json.dumps(check)}")
     cut = lambda rows, batch: m3_cut(rows, batch, hidden)  # noqa: E731
     for length in (128, 4096):
         ids = random_ids(np.random.default_rng(length), length, vocab)
