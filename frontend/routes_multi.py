@@ -72,7 +72,8 @@ async def openai_multi_embeddings(call: Call) -> Response:
     check_outputs(service, req)
     rows = await token_rows(service, req.input, route=call.spec.path, truncate=req.truncate,
                             direction=req.truncation_direction, prompt_name=req.prompt_name,
-                            instruction=req.instruction, param="input")
+                            instruction=req.instruction, param="input",
+                            returns_vectors=OUTPUT_COLBERT in (req.outputs or ()))
     outputs = m3_outputs(service, rows, sparse_dropped_ids(service.info))
     wanted = set(req.outputs or ())
     data: list[dict[str, Any]] = [{"object": "embedding", "index": i} for i in range(len(rows.rows))]

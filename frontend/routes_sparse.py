@@ -54,7 +54,8 @@ async def sparse_embed(service: Service, inputs: object, *, route: str, truncate
     """Each input's non-zero weights (indices ascending), its token count, and the stage timings."""
     if service.info.m3_heads:
         rows = await token_rows(service, inputs, route=route, truncate=truncate, direction=direction,
-                                prompt_name=prompt_name, instruction=instruction, param=param)
+                                prompt_name=prompt_name, instruction=instruction, param=param,
+                                returns_vectors=False)
         return m3_outputs(service, rows, sparse_dropped_ids(service.info)).sparse, rows.num_tokens, rows.timings
     timings = Timings(started=time.monotonic())
     if service.info.kind != KIND_SPARSE:

@@ -28,6 +28,10 @@ from quiver.frontend.pipeline import Timings
 from quiver.frontend.service import Service
 from quiver.frontend.tokenization import Sequences
 
+# Token vectors one response may carry (/embed_all, ColBERT outputs), in numbers: about 160 MB of JSON.
+# A request past it is refused (413) after tokenization, before any model work.
+MAX_TOKEN_VECTOR_VALUES = 1 << 24
+
 # The special tokens BGE-M3's sparse output leaves out (FlagEmbedding's unused_tokens).
 SPARSE_DROPPED_TOKENS = ("cls_token", "eos_token", "pad_token", "unk_token")
 
@@ -65,10 +69,16 @@ def split_by_lengths(array: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]
 
 
 async def token_rows(service: Service, inputs: object, *, route: str, truncate: bool | None, direction: str,
-                     prompt_name: str | None, instruction: str | None, param: str) -> TokenRows:
+                     prompt_name: str | None, instruction: str | None, param: str,
+                     returns_vectors: bool = True) -> TokenRows:
+    """Each input's token rows; returns_vectors: the answer holds a vector per token (bounded in size)."""
     timings = Timings(started=time.monotonic())
     service.require_kind(KIND_EMBEDDING, route)
     seqs = await service.tokenize(inputs, truncate, direction, prompt_name, param, timings, instruction)
+    if returns_vectors and seqs.num_tokens * service.info.hidden_size > MAX_TOKEN_VECTOR_VALUES:
+        raise APIError("response_too_large", f"the inputs hold {seqs.num_tokens} tokens; one answer carries token "
+                       f"vectors of at most {MAX_TOKEN_VECTOR_VALUES // service.info.hidden_size} tokens for this "
+                       "model", param=param)
     rows = await run_token_rows(service, seqs, timings)
     record_stages(route, seqs, timings)
     return TokenRows(split_by_lengths(seqs.input_ids, seqs.seq_lens), split_by_lengths(rows, seqs.seq_lens),
