@@ -26,6 +26,7 @@ $(SERVE_STAMP): setup.cfg pyproject.toml | $(PY)
 $(TEST_STAMP): $(SERVE_STAMP) bench/pyproject.toml
 	@echo "==> installing the test extra (pytest, transformers, sentence-transformers, ruff, mypy) and quiver-bench"
 	$(PIP) install -e '.[test]' -e ./bench
+	$(PIP) install --no-deps 'FlagEmbedding>=1.4,<1.5'
 	touch $@
 
 install: $(SERVE_STAMP)

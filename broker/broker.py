@@ -33,7 +33,7 @@ from quiver.broker.model_guard import ModelGuard
 from quiver.common.config import BrokerSettings
 from quiver.common.protocol import (
     PROTOCOL_VERSION, Cancel, Disconnect, Error, ErrorCode, Heartbeat, Message, MsgType, ProtocolError, Ready,
-    Reconnect, Routed,
+    Reconnect, Routed, TASK_TOKENS,
 )
 from quiver.common.security import (
     FRONTEND_DOMAIN, WORKER_DOMAIN, SecurityError, check_exposure, cluster_secret, secret_matches, server_from,
@@ -295,7 +295,7 @@ class Broker:
             identity=identity, name=ready.name, device=ready.device, capacity_tokens=ready.capacity_tokens,
             tasks=frozenset(ready.tasks), expiry=time.monotonic() + self.settings.liveness_window_s,
             output_dim=ready.output_dim, output_dtype=ready.output_dtype, model=ready.model,
-            fingerprint=ready.fingerprint,
+            fingerprint=ready.fingerprint, token_dim=ready.token_dim,
         )
         self.dispatcher.add_worker(worker)
         metrics.WORKER_UP.labels(worker.name).set(1)
@@ -319,7 +319,7 @@ class Broker:
         if isinstance(message, Routed):
             header = message.header
             for reason, got, expected in (("rows", header["num_seqs"], chunk.num_seqs),
-                                          ("dim", header["dim"], worker.output_dim),
+                                          *_row_checks(header, chunk, worker),
                                           ("dtype", header.get("dtype", "float32"), worker.output_dtype)):
                 if got != expected:
                     self.refusals.refuse(kind, reason, "for chunk %s from worker %s: %s %r where %r is due",
@@ -419,6 +419,15 @@ class Broker:
         for worker in self.dispatcher.workers.values():
             metrics.INFLIGHT_CHUNKS.labels(worker.name).set(len(worker.inflight))
             metrics.INFLIGHT_TOKENS.labels(worker.name).set(worker.outstanding_tokens)
+
+
+def _row_checks(header: dict[str, Any], chunk: PendingChunk, worker: WorkerState) -> list[tuple[str, Any, Any]]:
+    """What a result's shape must be for its chunk: one row of the worker's output width per sequence,
+    or for a TASK_TOKENS chunk one row of its token width per token."""
+    if chunk.task != TASK_TOKENS:
+        return [("token_rows", header.get("num_rows"), None), ("dim", header["dim"], worker.output_dim)]
+    return [("sparse", header.get("nnz"), None), ("token_rows", header.get("num_rows"), chunk.num_tokens),
+            ("dim", header["dim"], worker.token_dim)]
 
 
 def _type_name(message: Message | Routed) -> str:

@@ -81,6 +81,7 @@ class WorkerState:
     outstanding_tokens: int = 0
     draining: bool = False
     inflight: dict[str, PendingChunk] = field(default_factory=dict)
+    token_dim: int = 0  # width of its TASK_TOKENS result rows
 
     def serves(self, model: str) -> bool:
         return not model or model == self.fingerprint

@@ -34,6 +34,14 @@ KIND_RERANKER = "reranker"
 KIND_SPARSE = "sparse"
 POOLING_SPLADE = "splade"  # max over tokens of log(1 + relu(MLM logits))
 
+# BGE-M3's heads beside the encoder, as its repository ships them (torch.save of a Linear's state dict):
+# sparse_linear (hidden → 1, one lexical weight per token) and colbert_linear (hidden → hidden, the
+# multi-vector output). Their presence makes an XLM-RoBERTa embedder answer sparse and ColBERT outputs.
+M3_HEAD_FILES = ("sparse_linear.pt", "colbert_linear.pt")
+OUTPUT_DENSE = "dense"
+OUTPUT_SPARSE = "sparse"
+OUTPUT_COLBERT = "colbert"
+
 # Encoders whose checkpoints carry token types (segment A / B of a pair); RoBERTa's family takes none.
 TOKEN_TYPE_MODEL_TYPES = {"bert"}
 
@@ -49,7 +57,7 @@ _INSTRUCTION_PROMPT = re.compile(r"Instruct: .*\n(Query: ?)", re.DOTALL)
 
 def tasks_for_kind(kind: str) -> list[str]:
     """The chunk tasks (see common.protocol) a model of this kind can run."""
-    return {KIND_EMBEDDING: ["embed"], KIND_CLASSIFIER: ["score", "classify"], KIND_RERANKER: ["score"],
+    return {KIND_EMBEDDING: ["embed", "tokens"], KIND_CLASSIFIER: ["score", "classify"], KIND_RERANKER: ["score"],
             KIND_SPARSE: ["embed"]}[kind]
 
 
@@ -77,6 +85,7 @@ class ModelInfo:
     quantizer: str | None = None  # QUANTIZER_TANH when the model emits int8 / binary embeddings
     instruction_template: str | None = None  # "...{instruction}...", the input text appended to it
     config: dict[str, Any] = field(default_factory=dict, repr=False)
+    m3_heads: bool = False  # BGE-M3: sparse_linear.pt and colbert_linear.pt beside the encoder
 
     @property
     def output_dim(self) -> int:
@@ -84,6 +93,21 @@ class ModelInfo:
         if self.kind == KIND_SPARSE:
             return self.vocab_size
         return self.hidden_size if self.kind == KIND_EMBEDDING else max(self.num_labels, 1)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """What an embedding model gives per input: the dense vector, and BGE-M3's sparse and ColBERT ones."""
+        if self.kind != KIND_EMBEDDING:
+            return ()
+        return (OUTPUT_DENSE, OUTPUT_SPARSE, OUTPUT_COLBERT) if self.m3_heads else (OUTPUT_DENSE,)
+
+    @property
+    def token_dim(self) -> int:
+        """Width of a token row (the "tokens" task): the final hidden state, or for BGE-M3 the ColBERT
+        vector (the normalised dense vector in a sequence's first row) and then the lexical weight."""
+        if self.kind != KIND_EMBEDDING:
+            return 0
+        return self.hidden_size + 1 if self.m3_heads else self.hidden_size
 
     @property
     def tokenizer_path(self) -> Path:
@@ -248,7 +272,15 @@ def load_model_info(path: str | Path, name: str | None = None) -> ModelInfo:
         quantizer=_quantizer_from_st(modules) if kind == KIND_EMBEDDING else None,
         instruction_template=_instruction_template(prompts, model_type, kind, pooling),
         config=config,
+        m3_heads=kind == KIND_EMBEDDING and model_type in ENCODER_TYPES and _has_m3_heads(path),
     )
+
+
+def _has_m3_heads(path: Path) -> bool:
+    present = [(path / name).is_file() for name in M3_HEAD_FILES]
+    if any(present) and not all(present):
+        raise ModelError(f"{path} has only some of BGE-M3's head files {M3_HEAD_FILES}")
+    return all(present)
 
 
 def _is_default(path: Path) -> bool:

@@ -71,7 +71,10 @@ class ErrorCode(str, enum.Enum):
 TASK_EMBED = "embed"
 TASK_SCORE = "score"
 TASK_CLASSIFY = "classify"
-TASKS = (TASK_EMBED, TASK_SCORE, TASK_CLASSIFY)
+# Every token's row instead of one pooled row per sequence (BGE-M3's sparse and ColBERT outputs, token
+# vectors, contextual chunks pooled by the frontend); the result's rows follow the chunk's tokens.
+TASK_TOKENS = "tokens"
+TASKS = (TASK_EMBED, TASK_SCORE, TASK_CLASSIFY, TASK_TOKENS)
 
 
 def _check_str(name: str, value: Any, limit: int = MAX_ID_CHARS) -> None:
@@ -158,6 +161,7 @@ class Ready(Message):
     secret: str = field(default="", repr=False)
     tasks: list[str] = field(default_factory=lambda: [TASK_EMBED])
     pid: int = 0
+    token_dim: int = 0  # width of a TASK_TOKENS result row (0: the worker does not do that task)
 
     @classmethod
     def check(cls, h: dict[str, Any]) -> None:
@@ -172,6 +176,7 @@ class Ready(Message):
         _check_str("fingerprint", h.get("fingerprint", ""))
         _check_str("secret", h.get("secret", ""), MAX_SECRET_CHARS)
         _check_int("pid", h.get("pid", 0))
+        _check_int("token_dim", h.get("token_dim", 0), 0, MAX_RESULT_DIM)
         tasks = h.get("tasks", [TASK_EMBED])
         if not isinstance(tasks, list) or not all(t in TASKS for t in tasks):
             raise ProtocolError(f"field 'tasks' must list some of {TASKS}")
@@ -303,6 +308,9 @@ class Result(Message):
     A sparse result (nnz set: SPLADE's vocabulary-wide rows) carries only the non-zeros, in three
     frames: row_counts int32 [num_seqs] (non-zeros per row), indices int32 [nnz] (their columns,
     ascending within a row, each < dim) and values float32 [nnz]. Its dense form is [num_seqs, dim].
+
+    A token result (num_rows set: the answer to a TASK_TOKENS chunk) has one row per token of the chunk,
+    sequence after sequence: values [num_rows, dim], sequence i owning seq_lens[i] rows.
     """
 
     TYPE: ClassVar[MsgType] = MsgType.RESULT
@@ -314,6 +322,7 @@ class Result(Message):
     inference_s: float = 0.0
     worker: str = ""
     nnz: int | None = None
+    num_rows: int | None = None
     values: np.ndarray = field(kw_only=True, repr=False)
     row_counts: np.ndarray | None = field(default=None, kw_only=True, repr=False)
     indices: np.ndarray | None = field(default=None, kw_only=True, repr=False)
@@ -324,6 +333,8 @@ class Result(Message):
         header = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.ARRAY_FIELDS}
         if self.nnz is None:
             del header["nnz"]  # a dense result's header is what it was before sparse results existed
+        if self.num_rows is None:
+            del header["num_rows"]
         return header
 
     def arrays(self) -> list[bytes | memoryview]:
@@ -353,15 +364,19 @@ class Result(Message):
         _check_str("worker", h.get("worker", ""))
         if h.get("nnz") is not None:
             _check_int("nnz", h["nnz"], 0, MAX_ARRAY_BYTES // 4)
+        if h.get("num_rows") is not None:
+            _check_int("num_rows", h["num_rows"], 1, MAX_ARRAY_BYTES // 4)
+            if h.get("nnz") is not None:
+                raise ProtocolError("a RESULT is sparse (nnz) or token rows (num_rows), not both")
 
     @classmethod
     def from_parts(cls, header: dict[str, Any], arrays: Sequence[bytes | memoryview]) -> Result:
         if header.get("nnz") is None:
             if len(arrays) != 1:
                 raise ProtocolError(f"RESULT needs 1 array frame, got {len(arrays)}")
-            count = header["num_seqs"] * header["dim"]
+            rows = header["num_seqs"] if header.get("num_rows") is None else header["num_rows"]
             dtype = RESULT_DTYPES[header.get("dtype", "float32")]
-            values = _array_frame("values", arrays[0], dtype, count).reshape(header["num_seqs"], header["dim"])
+            values = _array_frame("values", arrays[0], dtype, rows * header["dim"]).reshape(rows, header["dim"])
             return cls(**header, values=values)
         if len(arrays) != 3:
             raise ProtocolError(f"a sparse RESULT needs 3 array frames, got {len(arrays)}")
@@ -385,10 +400,12 @@ class Result(Message):
 
 def result_frame_bytes(header: dict[str, Any]) -> list[int]:
     """Byte lengths of the array frames a RESULT header implies: num_seqs × dim values of its dtype, or
-    for a sparse result (nnz set) the row counts, indices and values of its non-zeros."""
+    for a sparse result (nnz set) the row counts, indices and values of its non-zeros; for a token result
+    (num_rows set) num_rows × dim values."""
     if header.get("nnz") is not None:
         return [4 * int(header["num_seqs"]), 4 * int(header["nnz"]), 4 * int(header["nnz"])]
-    return [int(header["num_seqs"]) * int(header["dim"]) * RESULT_DTYPES[header.get("dtype", "float32")].itemsize]
+    rows = int(header["num_seqs"]) if header.get("num_rows") is None else int(header["num_rows"])
+    return [rows * int(header["dim"]) * RESULT_DTYPES[header.get("dtype", "float32")].itemsize]
 
 
 @dataclass

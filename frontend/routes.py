@@ -13,7 +13,9 @@ import dataclasses
 from starlette.responses import Response
 
 from quiver.common.model_info import KIND_EMBEDDING, KIND_RERANKER
-from quiver.frontend import routes_embed, routes_meta, routes_score, routes_sparse, schemas
+from quiver.frontend import (
+    routes_contextual, routes_embed, routes_meta, routes_multi, routes_score, routes_sparse, schemas,
+)
 from quiver.frontend.errors import OPENAI, TEI
 from quiver.frontend.http import Call, RouteSpec, json_response, parse
 
@@ -80,6 +82,10 @@ def _score(path: str) -> RouteSpec:
 ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/v1/embeddings", "POST", "Embed inputs (OpenAI-compatible)", routes_embed.openai_embeddings,
               schemas.EmbeddingRequest, schemas.EmbeddingResponse, OPENAI, statuses=INFERENCE),
+    RouteSpec("/v1/contextualizedembeddings", "POST", "Embed each document's chunks with the whole document as "
+              "context (late chunking; Perplexity-compatible)", routes_contextual.contextualized_embeddings,
+              routes_contextual.ContextualizedEmbeddingRequest, routes_contextual.ContextualizedEmbeddingResponse,
+              OPENAI, statuses=INFERENCE),
     EMBED,
     RERANK,
     _rerank("/v1/rerank"),
@@ -90,6 +96,9 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/embed_sparse", "POST", "Sparse (SPLADE) embeddings, non-zeros per input (Text Embeddings "
               "Inference-compatible)", routes_sparse.tei_embed_sparse, routes_sparse.SparseEmbedRequest,
               routes_sparse.SPARSE_RESPONSE_SCHEMA, TEI, statuses=TEI_INFERENCE),
+    RouteSpec("/embed_all", "POST", "Token vectors per input: BGE-M3's ColBERT vectors, else every token's final "
+              "hidden state (Text Embeddings Inference-compatible)", routes_multi.tei_embed_all,
+              routes_multi.EmbedAllRequest, routes_multi.EMBED_ALL_RESPONSE_SCHEMA, TEI, statuses=TEI_INFERENCE),
     _tei_root("/"),
     _tei_root("/invocations"),
     RouteSpec("/tokenize", "POST", "Tokenize inputs", routes_meta.tokenize, schemas.TokenizeRequest,

@@ -23,6 +23,10 @@ def _embed(call: Call, split_long_inputs: bool | None) -> Callable[..., Awaitabl
 
 async def openai_embeddings(call: Call) -> Response:
     req: EmbeddingRequest = call.body
+    if req.outputs is not None and req.outputs != ["dense"]:
+        from quiver.frontend.routes_multi import openai_multi_embeddings
+
+        return await openai_multi_embeddings(call)
     service = call.service
     service.check_model(req.model)
     result = await _embed(call, req.split_long_inputs)(

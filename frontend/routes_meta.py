@@ -78,6 +78,10 @@ async def info(call: Call) -> Response:
             "keep_alive_timeout_s": settings.keep_alive_timeout_s,
             "max_connections": settings.max_connections,
             "max_header_bytes": settings.max_header_bytes,
+            # /v1/contextualizedembeddings: documents per request, chunks in all, tokens per document
+            "contextual_max_documents": settings.max_inputs,
+            "contextual_max_chunks": settings.max_inputs,
+            "contextual_max_document_tokens": model.max_input_length,
         },
         "version": __version__,
         "models": call.request.app.state.models.names(),

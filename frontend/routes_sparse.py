@@ -1,8 +1,9 @@
-"""Sparse embeddings: Text Embeddings Inference's POST /embed_sparse, for SPLADE models.
+"""Sparse embeddings: Text Embeddings Inference's POST /embed_sparse, for SPLADE and BGE-M3 models.
 
 A SPLADE model (*ForMaskedLM encoder) gives each input one weight per vocabulary entry, mostly zero.
 Workers ship only the non-zeros (see common.protocol.Result); the answer lists them per input as
-`[{index, value}]`, ascending by index, as Text Embeddings Inference does.
+`[{index, value}]`, ascending by index, as Text Embeddings Inference does. BGE-M3's lexical weights come
+from its token rows instead (frontend/token_outputs.py), indexed by token id the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from quiver.frontend.pipeline import Timings
 from quiver.frontend.schemas import INSTRUCTION_HELP, MODEL_HELP, TRUNCATE_HELP, Direction, Inputs
 from quiver.frontend.schemas import Request as RequestModel
 from quiver.frontend.service import ROUTES_BY_KIND, Service, describe
+from quiver.frontend.token_outputs import m3_outputs, sparse_dropped_ids, token_rows
 
 
 class SparseEmbedRequest(RequestModel):
@@ -51,11 +53,16 @@ async def sparse_embed(service: Service, inputs: object, *, route: str, truncate
                        prompt_name: str | None, instruction: str | None,
                        param: str) -> tuple[list[tuple[np.ndarray, np.ndarray]], int, Timings]:
     """Each input's non-zero weights (indices ascending), its token count, and the stage timings."""
+    if service.info.m3_heads:
+        rows = await token_rows(service, inputs, route=route, truncate=truncate, direction=direction,
+                                prompt_name=prompt_name, instruction=instruction, param=param,
+                                returns_vectors=False)
+        return m3_outputs(service, rows, sparse_dropped_ids(service.info)).sparse, rows.num_tokens, rows.timings
     timings = Timings(started=time.monotonic())
     if service.info.kind != KIND_SPARSE:
         raise APIError("wrong_model_kind",
-                       f"{route} needs a sparse model (SPLADE); this server runs {service.model_name}, "
-                       f"{describe(service.info)}, which serves {ROUTES_BY_KIND[service.info.kind]}")
+                       f"{route} needs a sparse model (SPLADE, or BGE-M3 with its sparse head); this server runs "
+                       f"{service.model_name}, {describe(service.info)}, which serves {ROUTES_BY_KIND[service.info.kind]}")
     seqs = await service.tokenize(inputs, truncate, direction, prompt_name, param, timings, instruction)
     metrics.INPUT_TOKENS.labels(route).observe(seqs.num_tokens)
     metrics.INPUTS.labels(route).observe(seqs.num_seqs)

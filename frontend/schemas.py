@@ -14,6 +14,7 @@ TokenIds = list[StrictInt]
 Inputs = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
 Direction = Literal["left", "right", "Left", "Right"]
 EncodingFormat = Literal["float", "base64", "int8", "binary", "ubinary", "base64_int8", "base64_binary"]
+OutputName = Literal["dense", "sparse", "colbert"]
 
 MODEL_HELP = ("which served model answers (GET /v1/models lists them; default: the first); with one model "
               "any name is accepted unless the server runs with --strict-model-name")
@@ -49,6 +50,12 @@ class EmbeddingRequest(Request):
     prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
     instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
     split_long_inputs: bool | None = Field(None, description=SPLIT_HELP)
+    outputs: list[OutputName] | None = Field(
+        None, min_length=1,
+        description="BGE-M3 models: which outputs each data item carries, from one forward pass: dense "
+                    "(`embedding`, as without this field), sparse (`sparse_embedding`: [{index, value}], the "
+                    "largest lexical weight per token id, ascending by id) and colbert (`colbert_embedding`: "
+                    "one normalised vector per token but the first, in encoding_format); default [dense]")
 
 
 class EmbeddingData(BaseModel):

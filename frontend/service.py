@@ -50,7 +50,7 @@ def _record_stages(route: str, timings: Timings, model: str) -> None:
 
 # What each kind of model answers, for errors that refuse a route.
 ROUTES_BY_KIND = {
-    KIND_EMBEDDING: "/v1/embeddings, /embed and /score (cosine similarity)",
+    KIND_EMBEDDING: "/v1/embeddings, /embed, /embed_all and /score (cosine similarity)",
     KIND_SPARSE: "/embed_sparse",
     KIND_CLASSIFIER: "/predict (and /rerank, /v1/rerank and /score with one label)",
     KIND_RERANKER: "/rerank, /v1/rerank and /score",

@@ -88,7 +88,7 @@ def run_worker(settings: WorkerSettings) -> int:
         version=PROTOCOL_VERSION, name=name, model=info.model.name, device=info.device,
         capacity_tokens=QUEUED_STEPS * info.max_batch_tokens, output_dim=info.output_dim, secret=secret,
         fingerprint=model_fingerprint(model_dir),
-        tasks=tasks_for_kind(info.model.kind), pid=os.getpid(),
+        tasks=tasks_for_kind(info.model.kind), pid=os.getpid(), token_dim=info.model.token_dim,
     )
     ctx = zmq.Context()
     outbox_endpoint = f"inproc://worker-outbox-{os.getpid()}"

@@ -26,7 +26,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import numpy as np
 
 from quiver.common.model_info import KIND_SPARSE, tasks_for_kind
-from quiver.common.protocol import Cancel, Chunk, Error, ErrorCode, Message, Result
+from quiver.common.protocol import TASK_TOKENS, Cancel, Chunk, Error, ErrorCode, Message, Result
 from quiver.worker import metrics
 from quiver.worker.engine.batch import Batch
 from quiver.worker.host_memory import TRIM_EVERY_STEPS, release_free_memory
@@ -154,10 +154,11 @@ class Scheduler:
         tokens = 0
         now = time.monotonic()
         full = False
+        token_rows: bool | None = None  # a step gives token rows or pooled rows, not both
         for job in self.waiting:
             if full:
                 break
-            if job.closed:
+            if job.closed or (token_rows is not None and (job.chunk.task == TASK_TOKENS) != token_rows):
                 continue
             if job.deadline < now:
                 self._close(job)
@@ -169,6 +170,7 @@ class Scheduler:
                     full = True
                     break
                 refs.append(SequenceRef(job, job.next_row))
+                token_rows = job.chunk.task == TASK_TOKENS
                 tokens += length
                 job.next_row += 1
                 if job.started is None:
@@ -202,6 +204,7 @@ class Scheduler:
             seq_lens=np.fromiter((ref.length for ref in refs), dtype=np.int32, count=len(refs)),
             token_type_ids=gather("token_type_ids") if with_types else None,
             normalize=np.fromiter((ref.job.chunk.normalize for ref in refs), dtype=bool, count=len(refs)),
+            token_rows=refs[0].job.chunk.task == TASK_TOKENS,
         )
 
     # results -----------------------------------------------------------------------------------
@@ -237,6 +240,9 @@ class Scheduler:
                 self._answer(job)
 
     def _scatter(self, rows: np.ndarray, flight: InFlightBatch) -> None:
+        if flight.refs and flight.refs[0].job.chunk.task == TASK_TOKENS:
+            self._scatter_tokens(rows, flight)
+            return
         for i, ref in enumerate(flight.refs):
             job = ref.job
             if job.closed:
@@ -245,6 +251,19 @@ class Scheduler:
                 job.values = np.empty((job.chunk.num_seqs, rows.shape[1]), dtype=np.float32)
             job.values[ref.row] = rows[i]
             job.rows_left -= 1
+
+    @staticmethod
+    def _scatter_tokens(rows: np.ndarray, flight: InFlightBatch) -> None:
+        """Token rows: each sequence's run of rows goes to its place among its chunk's tokens."""
+        start = 0
+        for ref in flight.refs:
+            job, length = ref.job, ref.length
+            if not job.closed:
+                if job.values is None:
+                    job.values = np.empty((job.chunk.num_tokens, rows.shape[1]), dtype=np.float32)
+                job.values[job.offsets[ref.row]:job.offsets[ref.row + 1]] = rows[start:start + length]
+                job.rows_left -= 1
+            start += length
 
     def fail_batch(self, refs: list[SequenceRef], exc: BaseException) -> None:
         """Fail every still-open chunk that had a sequence in `refs`."""
@@ -279,8 +298,9 @@ class Scheduler:
         assert job.values is not None and job.started is not None
         result = Result(chunk_id=job.chunk.chunk_id, num_seqs=job.chunk.num_seqs, dim=job.values.shape[1],
                         queue_s=job.started - job.received, inference_s=job.inference_s,
-                        worker=self.worker_name, values=job.values)
-        self.send(result.to_sparse() if self.sparse_results else result)
+                        worker=self.worker_name, values=job.values,
+                        num_rows=job.chunk.num_tokens if job.chunk.task == TASK_TOKENS else None)
+        self.send(result.to_sparse() if self.sparse_results and result.num_rows is None else result)
         metrics.CHUNKS.labels("ok").inc()
 
     def _close(self, job: ChunkJob) -> None:

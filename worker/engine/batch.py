@@ -15,12 +15,14 @@ class Batch:
     seq_lens:       int32 [num_seqs], the length of each sequence (all > 0).
     token_type_ids: int32 [total_tokens] or None (segment ids of query/document pairs).
     normalize:      bool [num_seqs] or None; rows marked True are L2-normalised after pooling.
+    token_rows:     one result row per token (the model's forward_tokens) instead of one per sequence.
     """
 
     input_ids: np.ndarray
     seq_lens: np.ndarray
     token_type_ids: np.ndarray | None = None
     normalize: np.ndarray | None = None
+    token_rows: bool = False
 
     @property
     def num_seqs(self) -> int:

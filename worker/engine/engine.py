@@ -131,9 +131,11 @@ class Engine:
     # ---- stepping -------------------------------------------------------------------------------
 
     def step(self, batch: Batch) -> LazyTensor:
-        """Launch one batch; the LazyTensor's row i is sequence i's result."""
+        """Launch one batch; the LazyTensor's row i is sequence i's result (token i's, for token rows)."""
         self._validate(batch)
         self.steps += 1
+        if batch.token_rows:
+            return LazyTensor(self.run_tokens(batch))
         if not self.on_gpu:
             return LazyTensor(self.run_eager(batch))
         shape = plan_shape(batch.seq_lens, self.graph_limits)
@@ -173,7 +175,13 @@ class Engine:
 
     def forward_step(self, shape: StepShape, step: StepTensors) -> torch.Tensor:
         """The model on one uploaded step, then row normalisation: float32 [shape.num_seqs, output_dim]."""
-        ctx = self.selector.choose(
+        out = self.model.forward(step, self._attention(shape, step))
+        if self.info.model.kind == KIND_EMBEDDING:
+            out = normalize_rows(out, step.normalize)
+        return out
+
+    def _attention(self, shape: StepShape, step: StepTensors) -> AttentionContext:
+        return self.selector.choose(
             AttentionContext(
                 cu_seqlens=step.cu_seqlens,
                 seq_ids=step.seq_ids,
@@ -186,10 +194,6 @@ class Engine:
                 backend=PaddedSdpa(),
             )
         )
-        out = self.model.forward(step, ctx)
-        if self.info.model.kind == KIND_EMBEDDING:
-            out = normalize_rows(out, step.normalize)
-        return out
 
     def run_eager(self, batch: Batch, bucketed: bool = False) -> np.ndarray:
         """One step without graphs or result slots (CPU steps, start-up probes, tests); returns the rows.
@@ -207,6 +211,21 @@ class Engine:
         with torch.inference_mode(), torch.cuda.stream(self.stream):
             out = self.forward_step(shape, self.upload(batch, shape))[: batch.num_seqs].cpu()
         return out.numpy()
+
+    def run_tokens(self, batch: Batch) -> np.ndarray:
+        """float32 [num_tokens, token_dim]: the model's row for every token, run eagerly and synchronously
+        (rows per step vary with its tokens, so neither graphs nor the fixed result slots fit them)."""
+        shape = plan_shape(batch.seq_lens, NO_GRAPHS)
+        with torch.inference_mode():
+            if self.on_gpu:
+                with torch.cuda.stream(self.stream):
+                    uploaded = self.upload(batch, shape)
+                    rows = self.model.forward_tokens(uploaded, self._attention(shape, uploaded))
+                    return rows[: batch.num_tokens].cpu().numpy()
+            packed = np.empty(packed_size(shape.num_seqs, shape.num_tokens), dtype=np.int32)
+            pack_batch(batch, shape, packed, self.model.uses_token_types)
+            tensors = unpack(torch.from_numpy(packed).to(self.device), shape)
+            return self.model.forward_tokens(tensors, self._attention(shape, tensors))[: batch.num_tokens].cpu().numpy()
 
     def _validate(self, batch: Batch) -> None:
         lens = np.asarray(batch.seq_lens)

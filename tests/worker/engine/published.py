@@ -189,3 +189,85 @@ def splade_reference(path: Path, texts: list[str]) -> np.ndarray:
         logits = model(**batch).logits
     weights = torch.log1p(torch.relu(logits)) * batch["attention_mask"].unsqueeze(-1)
     return weights.max(dim=1).values.numpy()
+
+
+# ---- BGE-M3 -------------------------------------------------------------------------------------------
+
+XLMR_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # XLM-RoBERTa's first ids
+M3_MAX_POSITIONS = 66  # 64 tokens after RoBERTa's pad_token_id + 1 reserved positions
+
+
+def bge_m3(root: Path, sizes: dict[str, Any] | None = None) -> Path:
+    """BAAI/bge-m3's layout at tiny sizes: an XLMRobertaModel (model.safetensors), an XLM-R tokenizer
+    template "<s> $A </s>" with its special tokens named in tokenizer_config.json, sentence-transformers'
+    modules (CLS pooling, Normalize), and the two heads as FlagEmbedding saves them: torch.save of
+    nn.Linear state dicts in sparse_linear.pt (hidden → 1) and colbert_linear.pt (hidden → hidden)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    path = root / "bge-m3"
+    path.mkdir(parents=True)
+    words = {token: i for i, token in enumerate(XLMR_SPECIALS)}
+    for text in TEXTS:
+        for piece, _ in pre_tokenizers.Whitespace().pre_tokenize_str(text):
+            words.setdefault(piece, len(words))
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+    tokenizer.save(str(path / "tokenizer.json"))
+    _write_json(path / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "cls_token": "<s>", "eos_token": "</s>",
+        "sep_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "model_max_length": 8192})
+    shape = sizes or dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                          max_position_embeddings=M3_MAX_POSITIONS)
+    config = XLMRobertaConfig(**{"vocab_size": len(words), "type_vocab_size": 1, "pad_token_id": 1,
+                                 "bos_token_id": 0, "eos_token_id": 2, **shape})
+    torch.manual_seed(7)
+    model = XLMRobertaModel(config).eval() if sizes else spread_weights(XLMRobertaModel(config), seed=7)
+    model.save_pretrained(str(path), safe_serialization=True)
+    hidden = config.hidden_size
+    colbert_linear, sparse_linear = torch.nn.Linear(hidden, hidden), torch.nn.Linear(hidden, 1)
+    with torch.no_grad():  # a bias at the median weight of the texts' tokens: about half get none
+        ids = [[0, *(words[w] for w, _ in pre_tokenizers.Whitespace().pre_tokenize_str(t)), 2] for t in TEXTS]
+        states = torch.cat([model(input_ids=torch.tensor([i])).last_hidden_state[0] for i in ids])
+        sparse_linear.bias.fill_(-float((states @ sparse_linear.weight[0]).median()))
+    torch.save(colbert_linear.state_dict(), path / "colbert_linear.pt")
+    torch.save(sparse_linear.state_dict(), path / "sparse_linear.pt")
+    _write_json(path / "modules.json", [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ])
+    _write_json(path / "1_Pooling" / "config.json", {
+        "word_embedding_dimension": hidden, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False,
+        "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False})
+    _write_json(path / "sentence_bert_config.json", {"max_seq_length": M3_MAX_POSITIONS - 2, "do_lower_case": False})
+    return path
+
+
+def flag_m3_model(path: Path) -> Any:
+    """FlagEmbedding's BGEM3FlagModel (M3Embedder) on the checkpoint, in float32 on the CPU.
+
+    FlagEmbedding's package __init__ imports its rerankers and fine-tuning code too, which need
+    libraries (and transformers internals) its embedder does not; the embedder's own modules are
+    imported through bare parent packages instead, so the code that computes the reference is
+    FlagEmbedding's own, unchanged.
+    """
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    spec = importlib.util.find_spec("FlagEmbedding")
+    assert spec is not None and spec.submodule_search_locations, "FlagEmbedding is not installed"
+    package_root = Path(list(spec.submodule_search_locations)[0])
+    for name in ("FlagEmbedding", "FlagEmbedding.abc", "FlagEmbedding.inference", "FlagEmbedding.inference.embedder",
+                 "FlagEmbedding.inference.embedder.encoder_only", "FlagEmbedding.finetune",
+                 "FlagEmbedding.finetune.embedder", "FlagEmbedding.finetune.embedder.encoder_only"):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(package_root.joinpath(*name.split(".")[1:]))]
+            sys.modules[name] = package
+    m3 = importlib.import_module("FlagEmbedding.inference.embedder.encoder_only.m3")
+    return m3.M3Embedder(str(path), use_fp16=False, devices="cpu")

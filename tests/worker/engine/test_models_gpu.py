@@ -1,5 +1,5 @@
-"""GPU tests (skipped without CUDA): the published pplx-embed and SPLADE layouts at real widths, served in
-bf16 with CUDA graphs, against the same checkpoints in float32 on the same GPU."""
+"""GPU tests (skipped without CUDA): the published pplx-embed, SPLADE and BGE-M3 layouts at real widths, served
+in bf16 (with CUDA graphs where the output is pooled), against the same checkpoints in float32 on the same GPU."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 
 from quiver.worker.engine import Batch, load_engine
-from tests.worker.engine.published import pplx_embed, splade
+from tests.worker.engine.published import bge_m3, pplx_embed, splade
 
 pytestmark = pytest.mark.gpu
 
 PPLX_0_6B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                  num_key_value_heads=8, head_dim=128, max_position_embeddings=32768, vocab_size=151936)
+XLMR_LARGE = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                  max_position_embeddings=8194, vocab_size=250002)
 BERT_BASE = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
                  max_position_embeddings=512, vocab_size=30522)
 
@@ -56,3 +58,29 @@ def test_splade_bf16_against_float32(tmp_path: Path) -> None:
     for low, high in zip(bf16, fp32):  # the strongest terms agree
         top = set(np.argsort(high)[-50:])
         assert len(top & set(np.argsort(low)[-50:])) >= 45
+
+
+def _token_rows(path: Path, dtype: str, lengths: list[int], vocab: int) -> np.ndarray:
+    """Every token's row (the "tokens" task), which runs eagerly: no graphs to capture."""
+    engine = load_engine(path, device="cuda", dtype=dtype, cuda_graphs=False, fusion="none")
+    rng = np.random.default_rng(0)
+    ids = np.concatenate([rng.integers(5, vocab, size=n, dtype=np.int32) for n in lengths])
+    lazy = engine.step(Batch(input_ids=ids, seq_lens=np.array(lengths, dtype=np.int32), token_rows=True))
+    rows = lazy.wait().copy()
+    lazy.release()
+    return rows
+
+
+def test_bge_m3_outputs_bf16_against_float32(tmp_path: Path) -> None:
+    path = bge_m3(tmp_path, XLMR_LARGE)
+    lengths = [16, 512, 2048, 7]
+    bf16 = _token_rows(path, "bfloat16", lengths, 30000)
+    fp32 = _token_rows(path, "float32", lengths, 30000)
+    hidden = XLMR_LARGE["hidden_size"]
+    assert bf16.shape == (sum(lengths), hidden + 1)
+    firsts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    others = np.setdiff1d(np.arange(sum(lengths)), firsts)
+    assert _cosines(bf16[firsts, :hidden], fp32[firsts, :hidden]).min() >= 0.999  # dense
+    assert _cosines(bf16[others, :hidden], fp32[others, :hidden]).mean() >= 0.999  # ColBERT
+    weights_bf16, weights_fp32 = bf16[:, hidden], fp32[:, hidden]
+    assert np.abs(weights_bf16 - weights_fp32).max() <= 0.02 * max(float(weights_fp32.max()), 1e-6)  # sparse

@@ -21,6 +21,10 @@ class RaggedModel(Protocol):
 
     def forward(self, step: StepTensors, attn: AttentionContext) -> torch.Tensor: ...
 
+    def forward_tokens(self, step: StepTensors, attn: AttentionContext) -> torch.Tensor:
+        """Float32 [num_tokens, token_dim]: one row per token (embedders only)."""
+        ...
+
     def parameters_bytes(self) -> int: ...
 
 

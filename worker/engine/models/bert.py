@@ -19,6 +19,7 @@ from quiver.worker.engine.layers.attention import AttentionContext, AttentionSpe
 from quiver.worker.engine.layers.fused import ElementwiseOps
 from quiver.worker.engine.layers.linear import LinearWeight, weight_tensors
 from quiver.worker.engine.models.base import Weights, tensors_bytes
+from quiver.worker.engine.models.m3 import M3Heads
 from quiver.worker.engine.models.sparse import SpladeHead
 from quiver.worker.engine.pooling import pool
 
@@ -104,15 +105,32 @@ class BertEncoder:
             self.output_dim = int(self.head[2].shape[0])
         else:
             self.output_dim = info.hidden_size
+        self.m3 = M3Heads(info.path, info.hidden_size, weights.device, weights.dtype) if info.m3_heads else None
 
     def parameters_bytes(self) -> int:
         held = [self.word_table, self.position_table, self.type_table, self.embed_norm_weight]
         held += [self.embed_norm_bias, *self.head, *(self.splade.tensors() if self.splade else [])]
+        held += self.m3.tensors() if self.m3 else []
         for layer in self.layers:
             held += layer.tensors()
         return tensors_bytes(held)
 
     def forward(self, step: StepTensors, attn: AttentionContext) -> torch.Tensor:
+        x = self._encode(step, attn)
+        if self.splade is not None:
+            return self.splade(x, step, self.ops)
+        if self.head:
+            dense_weight, dense_bias, out_weight, out_bias = self.head
+            first = x.index_select(0, step.first_index)
+            return F.linear(torch.tanh(F.linear(first, dense_weight, dense_bias)), out_weight, out_bias).float()
+        return pool(x, step, self.info.pooling)
+
+    def forward_tokens(self, step: StepTensors, attn: AttentionContext) -> torch.Tensor:
+        """One float32 row per token: the final hidden state, or BGE-M3's rows (models/m3.py)."""
+        x = self._encode(step, attn)
+        return self.m3.token_rows(x, step) if self.m3 is not None else x.float()
+
+    def _encode(self, step: StepTensors, attn: AttentionContext) -> torch.Tensor:
         ops, spec = self.ops, self.attention_spec
         tokens = step.input_ids.shape[0]
         width = spec.num_heads * spec.head_dim
@@ -130,11 +148,4 @@ class BertEncoder:
             up = ops.activation(ops.linear(x, layer.up_weight, layer.up_bias), self.hidden_act)
             down = ops.linear(up, layer.down_weight, layer.down_bias)
             x = ops.add_layer_norm(down, x, layer.mlp_norm_weight, layer.mlp_norm_bias, self.eps)
-
-        if self.splade is not None:
-            return self.splade(x, step, ops)
-        if self.head:
-            dense_weight, dense_bias, out_weight, out_bias = self.head
-            first = x.index_select(0, step.first_index)
-            return F.linear(torch.tanh(F.linear(first, dense_weight, dense_bias)), out_weight, out_bias).float()
-        return pool(x, step, self.info.pooling)
+        return x

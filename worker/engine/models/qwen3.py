@@ -99,6 +99,13 @@ class Qwen3:
         return tensors_bytes(held)
 
     def forward(self, step: StepTensors, attn: AttentionContext) -> torch.Tensor:
+        return self._head(self._encode(step, attn), step)
+
+    def forward_tokens(self, step: StepTensors, attn: AttentionContext) -> torch.Tensor:
+        """One float32 row per token: its final (normed) hidden state."""
+        return self.ops.rms_norm(self._encode(step, attn), self.final_norm, self.eps).float()
+
+    def _encode(self, step: StepTensors, attn: AttentionContext) -> torch.Tensor:
         ops, spec = self.ops, self.attention_spec
         tokens = step.input_ids.shape[0]
         residual = F.embedding(step.input_ids, self.embed_table)
@@ -118,7 +125,7 @@ class Qwen3:
                 hidden, residual = ops.add_rms_norm(mlp_out, residual, self.layers[i + 1].input_norm, self.eps)
             else:
                 residual = mlp_out + residual
-        return self._head(residual, step)
+        return residual
 
     def _head(self, final: torch.Tensor, step: StepTensors) -> torch.Tensor:
         pooling = "lasttoken" if self.score_direction is not None else self.info.pooling

@@ -1,0 +1,135 @@
+"""Outputs made from every token's row (the "tokens" task): BGE-M3's dense, sparse and ColBERT vectors,
+and plain token vectors.
+
+A worker answers a "tokens" chunk with one row per token (common.protocol.Result with num_rows). For
+BGE-M3 a row is [ColBERT vector | lexical weight], the sequence's first (CLS) row holding the
+normalised dense vector instead (worker/engine/models/m3.py); for other embedders it is the final
+hidden state. This module asks for those rows and cuts them into each input's outputs, as
+FlagEmbedding's BGEM3FlagModel does: dense from CLS, ColBERT from every other token, sparse as the
+largest weight per token id over the input's tokens, with the tokenizer's cls, eos, pad and unk
+tokens dropped and zero weights left out.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from quiver.common.model_info import KIND_EMBEDDING, ModelInfo
+from quiver.common.protocol import TASK_TOKENS
+from quiver.frontend import metrics
+from quiver.frontend.errors import APIError
+from quiver.frontend.pipeline import Timings
+from quiver.frontend.service import Service
+from quiver.frontend.tokenization import Sequences
+
+# Token vectors one response may carry (/embed_all, ColBERT outputs), in numbers: about 160 MB of JSON.
+# A request past it is refused (413) after tokenization, before any model work.
+MAX_TOKEN_VECTOR_VALUES = 1 << 24
+
+# The special tokens BGE-M3's sparse output leaves out (FlagEmbedding's unused_tokens).
+SPARSE_DROPPED_TOKENS = ("cls_token", "eos_token", "pad_token", "unk_token")
+
+
+@dataclass
+class TokenRows:
+    """Each input's token ids and rows, and the request's token count and timings."""
+
+    ids: list[np.ndarray]
+    rows: list[np.ndarray]
+    num_tokens: int
+    timings: Timings
+
+
+def record_stages(route: str, seqs: Sequences, timings: Timings) -> None:
+    metrics.INPUT_TOKENS.labels(route).observe(seqs.num_tokens)
+    metrics.INPUTS.labels(route).observe(seqs.num_seqs)
+    for stage, seconds in (("tokenization", timings.tokenization_s), ("queue", timings.queue_s),
+                           ("inference", timings.inference_s)):
+        metrics.STAGE_SECONDS.labels(route, stage).observe(seconds)
+
+
+async def run_token_rows(service: Service, seqs: Sequences, timings: Timings) -> np.ndarray:
+    """float32 [seqs.num_tokens, token_dim]: every token's row, in input order."""
+    results = await service.pipeline.run_results(seqs, TASK_TOKENS, False, timings)
+    rows = np.concatenate([result.values for result in results], axis=0)
+    if rows.shape != (seqs.num_tokens, service.info.token_dim):
+        raise APIError("internal", f"the workers answered token rows of shape {rows.shape}, "
+                       f"({seqs.num_tokens}, {service.info.token_dim}) was due")
+    return rows
+
+
+def split_by_lengths(array: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    return np.split(array, np.cumsum(lengths)[:-1].tolist())
+
+
+async def token_rows(service: Service, inputs: object, *, route: str, truncate: bool | None, direction: str,
+                     prompt_name: str | None, instruction: str | None, param: str,
+                     returns_vectors: bool = True) -> TokenRows:
+    """Each input's token rows; returns_vectors: the answer holds a vector per token (bounded in size)."""
+    timings = Timings(started=time.monotonic())
+    service.require_kind(KIND_EMBEDDING, route)
+    seqs = await service.tokenize(inputs, truncate, direction, prompt_name, param, timings, instruction)
+    if returns_vectors and seqs.num_tokens * service.info.hidden_size > MAX_TOKEN_VECTOR_VALUES:
+        raise APIError("response_too_large", f"the inputs hold {seqs.num_tokens} tokens; one answer carries token "
+                       f"vectors of at most {MAX_TOKEN_VECTOR_VALUES // service.info.hidden_size} tokens for this "
+                       "model", param=param)
+    rows = await run_token_rows(service, seqs, timings)
+    record_stages(route, seqs, timings)
+    return TokenRows(split_by_lengths(seqs.input_ids, seqs.seq_lens), split_by_lengths(rows, seqs.seq_lens),
+                     seqs.num_tokens, timings)
+
+
+def sparse_dropped_ids(info: ModelInfo) -> np.ndarray:
+    """Ids of the tokenizer's cls, eos, pad and unk tokens, named in tokenizer_config.json (read once)."""
+    return _special_ids(info.path, info.tokenizer_path)
+
+
+@functools.lru_cache(maxsize=8)
+def _special_ids(model_dir: Path, tokenizer_path: Path) -> np.ndarray:
+    from tokenizers import Tokenizer
+
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    vocab = Tokenizer.from_file(str(tokenizer_path)).get_vocab(with_added_tokens=True)
+    ids = []
+    for key in SPARSE_DROPPED_TOKENS:
+        token = config.get(key)
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str) and token in vocab:
+            ids.append(vocab[token])
+    return np.asarray(sorted(set(ids)), dtype=np.int64)
+
+
+def lexical_weights(ids: np.ndarray, weights: np.ndarray, dropped: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids ascending, the largest positive weight each has among the input's tokens)."""
+    keep = (weights > 0) & ~np.isin(ids, dropped)
+    ids, weights = ids[keep], weights[keep]
+    if ids.size == 0:
+        return ids.astype(np.int64), weights.astype(np.float32)
+    order = np.lexsort((weights, ids))  # by id, the largest weight last within each id
+    ids, weights = ids[order], weights[order]
+    last = np.append(ids[1:] != ids[:-1], True)
+    return ids[last].astype(np.int64), weights[last].astype(np.float32)
+
+
+@dataclass
+class M3Outputs:
+    dense: np.ndarray  # float32 [num_inputs, hidden], normalised
+    sparse: list[tuple[np.ndarray, np.ndarray]]  # per input: (token ids ascending, weights)
+    colbert: list[np.ndarray]  # per input: float32 [its tokens - 1, hidden], each row normalised
+
+
+def m3_outputs(service: Service, token_rows: TokenRows, dropped: np.ndarray) -> M3Outputs:
+    hidden = service.info.hidden_size
+    dense = np.stack([rows[0, :hidden] for rows in token_rows.rows]) if token_rows.rows else np.zeros((0, hidden))
+    sparse = [lexical_weights(ids, rows[:, hidden], dropped) for ids, rows in zip(token_rows.ids, token_rows.rows)]
+    colbert = [np.ascontiguousarray(rows[1:, :hidden]) for rows in token_rows.rows]
+    return M3Outputs(dense.astype(np.float32), sparse, colbert)
