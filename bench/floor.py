@@ -10,7 +10,8 @@ In one run, sequential requests through:
       body the size of a one-vector response;
   (c) Quiver itself (`quiver serve`), /v1/embeddings with token ids, minus the worker's own step time
       (the x-inference-time header): the path overhead.
-Then prints the overhead against the floor, (a) blocking + (b). Times are µs, p50 / p99.
+Then prints the overhead against the floor, (a) blocking + (b), measured at each length's body size.
+Times are µs, p50 / p99.
 
     python -m quiver.bench.floor [--quick] [--device cuda --model DIR --lengths 128,512,4096]
     python -m quiver.bench.floor --url http://127.0.0.1:8080 --server-pid PID --model DIR   # a running server
@@ -319,9 +320,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows["Starlette on uvicorn, bare POST"] = starlette_round_trip(args.requests, floor_tokens, info.hidden_size)
     floor_p50 = rows["pyzmq client -> broker -> worker (none hand-off), blocking"][0] + \
         rows["Starlette on uvicorn, bare POST"][0]
+    # Longer inputs carry larger bodies over both hops: their floor is measured at their own size.
+    floors = {str(floor_tokens): round(floor_p50, 1)}
+    for length in lengths[1:]:
+        zmq_row = zmq_round_trip("blocking", "none", args.requests, length, info.hidden_size)
+        http_row = starlette_round_trip(args.requests, length, info.hidden_size)
+        rows[f"pyzmq client -> broker -> worker (none hand-off), blocking, {length} tokens"] = zmq_row
+        rows[f"Starlette on uvicorn, bare POST, {length} tokens"] = http_row
+        floors[str(length)] = round(zmq_row[0] + http_row[0], 1)
     quiver = quiver_overhead(args, lengths, info.vocab_size)
     idle = quiver.pop("idle_cpu")
-    return {"floor_rows": rows, "floor_p50": round(floor_p50, 1), "quiver": quiver, "idle_cpu": idle}
+    return {"floor_rows": rows, "floor_p50": round(floor_p50, 1), "floor_p50_by_length": floors, "quiver": quiver,
+            "idle_cpu": idle}
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -329,12 +339,14 @@ def print_table(result: dict[str, Any]) -> None:
     print("| --- | --- | --- |")
     for name, (p50, p99) in result["floor_rows"].items():
         print(f"| {name} | {p50} | {p99} |")
-    print(f"| floor: pyzmq blocking (no hand-off) + Starlette | {result['floor_p50']} | |")
+    for length, floor in result["floor_p50_by_length"].items():
+        print(f"| floor at {length} tokens: pyzmq blocking (no hand-off) + Starlette | {floor} | |")
     print()
-    print("| tokens | Quiver client p50 / p99 µs | overhead (client - x-inference-time) p50 / p99 µs | overhead / floor |")
+    print("| tokens | Quiver client p50 / p99 µs | overhead (client - x-inference-time) p50 / p99 µs | "
+          "overhead / floor at this length |")
     print("| --- | --- | --- | --- |")
     for length, row in result["quiver"].items():
-        ratio = row["overhead_p50"] / result["floor_p50"]
+        ratio = row["overhead_p50"] / result["floor_p50_by_length"][length]
         print(f"| {length} | {row['client_p50']} / {row['client_p99']} | {row['overhead_p50']} / "
               f"{row['overhead_p99']} | {ratio:.2f} |")
     print()
