@@ -47,10 +47,6 @@ MAX_MESSAGES_PER_TURN = 1000
 # The gauges (queue depth, chunks and tokens in flight per worker) are set at most this often after a
 # change, not on every turn of the loop: with many workers that was most of the loop's per-message work.
 GAUGE_INTERVAL_S = 0.05
-# A chunk dispatched within this long of its arrival, on its first attempt, goes out with the header the
-# frontend packed (its timeout is then stale by less than this); later ones carry the time left.
-FORWARD_AS_RECEIVED_S = 0.001
-
 class Broker:
     def __init__(self, settings: BrokerSettings, ctx: zmq.Context | None = None) -> None:
         self.settings = settings
@@ -225,7 +221,7 @@ class Broker:
         if not self.dispatcher.queue:
             worker = self.dispatcher.pick_worker(chunk)
             if worker is not None:
-                self._send_to_worker(chunk, worker)
+                self._send_to_worker(chunk, worker, as_received=True)
                 return
         try:
             self.dispatcher.enqueue(chunk)
@@ -359,17 +355,17 @@ class Broker:
         tokens = worker.outstanding_tokens + chunk.num_tokens
         return self.settings.chunk_hold_s + tokens / self.settings.chunk_hold_tokens_per_s
 
-    def _send_to_worker(self, chunk: PendingChunk, worker: WorkerState) -> None:
+    def _send_to_worker(self, chunk: PendingChunk, worker: WorkerState, as_received: bool = False) -> None:
+        """Assign and send a chunk. `as_received`: it is dispatched in the turn it arrived, so its header
+        still says what the frontend meant and goes out as packed; one that waited in the queue, or is
+        sent again, carries a new header with the time it has left and its attempt."""
         now = time.monotonic()
         self.dispatcher.assign(chunk, worker, hold_until=now + self._hold_budget_s(worker, chunk))
-        # The token frames go out as the frontend sent them; the small header is packed again only when
-        # what it says has changed (a retry, or time spent waiting here).
-        header = chunk.message.header
-        time_left = chunk.deadline - now
-        if chunk.attempt == header.get("attempt", 0) and float(header["timeout_s"]) - time_left < FORWARD_AS_RECEIVED_S:
+        # The token frames always go out as the frontend sent them.
+        if as_received and chunk.attempt == chunk.message.header.get("attempt", 0):
             frames = chunk.message.frames
         else:
-            frames = chunk.message.with_header(timeout_s=max(0.0, time_left), attempt=chunk.attempt)
+            frames = chunk.message.with_header(timeout_s=max(0.0, chunk.deadline - now), attempt=chunk.attempt)
         send_frames(self.workers, frames, worker.identity)
         counter = self.dispatch_counters.get(worker.name)
         if counter is None:

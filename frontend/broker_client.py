@@ -198,7 +198,10 @@ class BrokerClient:
                 metrics.BAD_MESSAGES.inc()
                 log.warning("dropped a malformed message from the broker: %s", exc)
                 continue
-            self._on_message(message)
+            try:
+                self._on_message(message)
+            except Exception:  # stopping here would leave the rest unread: the descriptor is edge-triggered
+                log.exception("failed to handle a %s from the broker", type(message).__name__)
         self._receive_soon()
 
     def _on_message(self, message: object) -> None:
