@@ -4,14 +4,17 @@ In one run, sequential requests through:
   (a) raw pyzmq: a client DEALER -> a broker process (two ROUTERs, forwarding frames unopened) -> a worker
       process (DEALER) and back, with Quiver's own socket setup and message frames (a Chunk of token ids
       out, a Result of one float32 row back), polling blocking and spinning; and the worker handing each
-      chunk to a second thread and back, through queue.Queue (as the worker does today) or an inproc PAIR;
+      chunk to a second thread and back, through queue.Queue, queue.SimpleQueue (as the worker does) or an
+      inproc PAIR;
   (b) a bare Starlette app on uvicorn, POSTing a body the size of a token-id request, answered with a
       body the size of a one-vector response;
   (c) Quiver itself (`quiver serve`), /v1/embeddings with token ids, minus the worker's own step time
       (the x-inference-time header): the path overhead.
-Then prints the overhead against the floor, (a) blocking + (b). Times are µs, p50 / p99.
+Then prints the overhead against the floor, (a) blocking + (b), measured at each length's body size.
+Times are µs, p50 / p99.
 
     python -m quiver.bench.floor [--quick] [--device cuda --model DIR --lengths 128,512,4096]
+    python -m quiver.bench.floor --url http://127.0.0.1:8080 --server-pid PID --model DIR   # a running server
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from quiver.common.protocol import Chunk, Result, decode
 from quiver.common.transport import make_socket, send_frames
 
 MODES = ("blocking", "spin")
-HANDOFFS = ("none", "queue", "inproc")  # how the worker passes a chunk to its second thread, if at all
+# How the worker passes a chunk to its second thread, if at all: queue.Queue, queue.SimpleQueue (what the
+# worker uses) or an inproc PAIR socket; the answers come back through an inproc PUSH as in the worker.
+HANDOFFS = ("none", "queue", "simplequeue", "inproc")
 
 
 def _poll(poller: zmq.Poller, spin: bool) -> dict[Any, int]:
@@ -90,7 +95,8 @@ def _worker(back: str, spin: bool, handoff: str, dim: int) -> None:
     outbox_pull = make_socket(ctx, zmq.PULL)
     outbox_pull.bind("inproc://floor-out")
     poller.register(outbox_pull, zmq.POLLIN)
-    inbox: queue.Queue[list[Any]] = queue.Queue()
+    inbox: queue.Queue[list[Any]] | queue.SimpleQueue[list[Any]] = (
+        queue.SimpleQueue() if handoff == "simplequeue" else queue.Queue())
     if handoff == "inproc":
         inbox_push = make_socket(ctx, zmq.PAIR)
         inbox_push.bind("inproc://floor-in")
@@ -269,9 +275,23 @@ def idle_cpu(pid: int, seconds: float) -> dict[str, float]:
     return {f"{p} {tree[p]}": round((_cpu_seconds(p) - before[p]) / seconds, 3) for p in before}
 
 
+def _overhead_at(port: int, pid: int, args: argparse.Namespace, lengths: list[int], vocab: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"idle_cpu": idle_cpu(pid, args.idle_s) if pid else {}}
+    for length in lengths:
+        client, inference = _post_times(port, "/v1/embeddings", _token_body(length, vocab), args.requests)
+        client_p50, client_p99 = _percentiles(client)
+        overhead_p50, overhead_p99 = _percentiles([c - i for c, i in zip(client, inference)])
+        out[str(length)] = {"client_p50": client_p50, "client_p99": client_p99,
+                            "overhead_p50": overhead_p50, "overhead_p99": overhead_p99}
+    return out
+
+
 def quiver_overhead(args: argparse.Namespace, lengths: list[int], vocab: int) -> dict[str, Any]:
     """Idle CPU of each process, then per length: client p50/p99 µs and the overhead (client -
-    x-inference-time) p50/p99 µs."""
+    x-inference-time) p50/p99 µs. Against --url when given (idle CPU then of --server-pid's processes),
+    else of a `quiver serve` started here."""
+    if args.url:
+        return _overhead_at(int(args.url.rsplit(":", 1)[1].strip("/")), args.server_pid, args, lengths, vocab)
     port = _free_port()
     command = [sys.executable, "-m", "quiver", "serve", "--port", str(port), "--device", args.device]
     if args.model:
@@ -280,14 +300,7 @@ def quiver_overhead(args: argparse.Namespace, lengths: list[int], vocab: int) ->
     try:
         _wait_http(port, "/health", args.startup_timeout_s, process)
         time.sleep(IDLE_SETTLE_S)
-        out: dict[str, Any] = {"idle_cpu": idle_cpu(process.pid, args.idle_s)}
-        for length in lengths:
-            client, inference = _post_times(port, "/v1/embeddings", _token_body(length, vocab), args.requests)
-            client_p50, client_p99 = _percentiles(client)
-            overhead_p50, overhead_p99 = _percentiles([c - i for c, i in zip(client, inference)])
-            out[str(length)] = {"client_p50": client_p50, "client_p99": client_p99,
-                           "overhead_p50": overhead_p50, "overhead_p99": overhead_p99}
-        return out
+        return _overhead_at(port, process.pid, args, lengths, vocab)
     finally:
         process.terminate()
         process.wait(60)
@@ -307,9 +320,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows["Starlette on uvicorn, bare POST"] = starlette_round_trip(args.requests, floor_tokens, info.hidden_size)
     floor_p50 = rows["pyzmq client -> broker -> worker (none hand-off), blocking"][0] + \
         rows["Starlette on uvicorn, bare POST"][0]
+    # Longer inputs carry larger bodies over both hops: their floor is measured at their own size.
+    floors = {str(floor_tokens): round(floor_p50, 1)}
+    for length in lengths[1:]:
+        zmq_row = zmq_round_trip("blocking", "none", args.requests, length, info.hidden_size)
+        http_row = starlette_round_trip(args.requests, length, info.hidden_size)
+        rows[f"pyzmq client -> broker -> worker (none hand-off), blocking, {length} tokens"] = zmq_row
+        rows[f"Starlette on uvicorn, bare POST, {length} tokens"] = http_row
+        floors[str(length)] = round(zmq_row[0] + http_row[0], 1)
     quiver = quiver_overhead(args, lengths, info.vocab_size)
     idle = quiver.pop("idle_cpu")
-    return {"floor_rows": rows, "floor_p50": round(floor_p50, 1), "quiver": quiver, "idle_cpu": idle}
+    return {"floor_rows": rows, "floor_p50": round(floor_p50, 1), "floor_p50_by_length": floors, "quiver": quiver,
+            "idle_cpu": idle}
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -317,12 +339,14 @@ def print_table(result: dict[str, Any]) -> None:
     print("| --- | --- | --- |")
     for name, (p50, p99) in result["floor_rows"].items():
         print(f"| {name} | {p50} | {p99} |")
-    print(f"| floor: pyzmq blocking (no hand-off) + Starlette | {result['floor_p50']} | |")
+    for length, floor in result["floor_p50_by_length"].items():
+        print(f"| floor at {length} tokens: pyzmq blocking (no hand-off) + Starlette | {floor} | |")
     print()
-    print("| tokens | Quiver client p50 / p99 µs | overhead (client - x-inference-time) p50 / p99 µs | overhead / floor |")
+    print("| tokens | Quiver client p50 / p99 µs | overhead (client - x-inference-time) p50 / p99 µs | "
+          "overhead / floor at this length |")
     print("| --- | --- | --- | --- |")
     for length, row in result["quiver"].items():
-        ratio = row["overhead_p50"] / result["floor_p50"]
+        ratio = row["overhead_p50"] / result["floor_p50_by_length"][length]
         print(f"| {length} | {row['client_p50']} / {row['client_p99']} | {row['overhead_p50']} / "
               f"{row['overhead_p99']} | {ratio:.2f} |")
     print()
@@ -345,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-timeout-s", type=float, default=420.0)
     parser.add_argument("--idle-s", type=float, default=3.0, help="seconds over which idle CPU is measured")
     parser.add_argument("--json", default="", help="also write the figures here")
+    parser.add_argument("--url", default="", help="measure this running server (http://127.0.0.1:PORT, loopback) "
+                        "instead of starting one; --model must name its checkpoint")
+    parser.add_argument("--server-pid", type=int, default=0, help="with --url: the server's pid, for idle CPU")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.lengths, args.modes, args.device = 20, [128], ("blocking",), args.device or "cpu"

@@ -14,7 +14,7 @@ bounded rate. CHUNK and RESULT array frames are never read here: they are forwar
 
 Copies of array data in the broker: none. Frames are received with copy=False (zmq messages owning
 libzmq's buffers) and sent on with copy=False, which hands the same buffers to the outgoing message.
-What is built anew is small: a CHUNK's header (its timeout and attempt change), an ERROR (no arrays).
+What is built anew is small: a CHUNK's header when its timeout or attempt changed, an ERROR (no arrays).
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ log = logging.getLogger("quiver.broker")
 
 # Messages handled from one socket before looking at the other, so neither side starves the other.
 MAX_MESSAGES_PER_TURN = 1000
+# The gauges (queue depth, chunks and tokens in flight per worker) are set at most this often after a
+# change, not on every turn of the loop: with many workers that was most of the loop's per-message work.
+GAUGE_INTERVAL_S = 0.05
 class Broker:
     def __init__(self, settings: BrokerSettings, ctx: zmq.Context | None = None) -> None:
         self.settings = settings
@@ -74,6 +77,8 @@ class Broker:
         self.refusals = metrics.Refusals()
         self.running = True
         self.next_heartbeat = 0.0
+        self.gauges_due: float | None = 0.0  # when the gauges are next set; None: nothing changed
+        self.dispatch_counters: dict[str, Any] = {}  # worker name -> its DISPATCHES child
         log.info("broker %s listening: frontends on %s, workers on %s",
                  self.instance_id, settings.frontend_endpoint, settings.worker_endpoint)
 
@@ -88,14 +93,15 @@ class Broker:
         while self.running:
             # Right after traffic, poll without sleeping for a moment: the next message of a busy
             # stream then costs no thread wake-up (tens of microseconds each on a virtual machine).
+            wake_at = self.next_heartbeat if self.gauges_due is None else min(self.next_heartbeat, self.gauges_due)
             spinning = time.monotonic() - last_message < spin_s
-            timeout_ms = 0 if spinning else int(max(0.0, self.next_heartbeat - time.monotonic()) * 1000)
+            timeout_ms = 0 if spinning else int(max(0.0, wake_at - time.monotonic()) * 1000)
             events = dict(poller.poll(timeout_ms))
             now = time.monotonic()
             if events:
                 last_message = now
-            elif now < self.next_heartbeat:
-                continue  # an empty spin: nothing to do until a message or the next heartbeat
+            elif now < wake_at:
+                continue  # an empty spin: nothing to do until a message, the next heartbeat or the gauges
             if self.workers in events:
                 self._drain(self.workers, self._on_worker_message, "worker")
             if self.frontends in events:
@@ -107,7 +113,11 @@ class Broker:
                 self._take_back_overdue(now)
                 self.next_heartbeat = now + interval
             self._dispatch_queued()
-            self._update_gauges()
+            if events and self.gauges_due is None:
+                self.gauges_due = now + GAUGE_INTERVAL_S
+            if self.gauges_due is not None and now >= self.gauges_due:
+                self._update_gauges()
+                self.gauges_due = None
             metrics.loop_tick()  # the loop went round: its timestamp, and systemd's watchdog
         self.close()
 
@@ -229,7 +239,7 @@ class Broker:
         if not self.dispatcher.has_waiting(chunk.model):
             worker = self.dispatcher.pick_worker(chunk)
             if worker is not None:
-                self._send_to_worker(chunk, worker)
+                self._send_to_worker(chunk, worker, as_received=True)
                 return
         try:
             self.dispatcher.enqueue(chunk, now=time.monotonic())
@@ -340,6 +350,8 @@ class Broker:
         orphans = self.dispatcher.remove_worker(identity)
         metrics.DEAD_WORKERS.labels(reason).inc()
         metrics.forget_worker(worker.name)
+        self.dispatch_counters.pop(worker.name, None)
+        self.gauges_due = time.monotonic()
         if orphans:
             log.warning("worker %s lost (%s) holding %d chunks; dispatching them again",
                         worker.name, reason, len(orphans))
@@ -361,13 +373,22 @@ class Broker:
         tokens = worker.outstanding_tokens + chunk.num_tokens
         return self.settings.chunk_hold_s + tokens / self.settings.chunk_hold_tokens_per_s
 
-    def _send_to_worker(self, chunk: PendingChunk, worker: WorkerState) -> None:
+    def _send_to_worker(self, chunk: PendingChunk, worker: WorkerState, as_received: bool = False) -> None:
+        """Assign and send a chunk. `as_received`: it is dispatched in the turn it arrived, so its header
+        still says what the frontend meant and goes out as packed; one that waited in the queue, or is
+        sent again, carries a new header with the time it has left and its attempt."""
         now = time.monotonic()
         self.dispatcher.assign(chunk, worker, hold_until=now + self._hold_budget_s(worker, chunk))
-        # Only the small header is packed again; the token frames go out as the frontend sent them.
-        frames = chunk.message.with_header(timeout_s=max(0.0, chunk.deadline - now), attempt=chunk.attempt)
+        # The token frames always go out as the frontend sent them.
+        if as_received and chunk.attempt == chunk.message.header.get("attempt", 0):
+            frames = chunk.message.frames
+        else:
+            frames = chunk.message.with_header(timeout_s=max(0.0, chunk.deadline - now), attempt=chunk.attempt)
         send_frames(self.workers, frames, worker.identity)
-        metrics.DISPATCHES.labels(worker.name).inc()
+        counter = self.dispatch_counters.get(worker.name)
+        if counter is None:
+            counter = self.dispatch_counters[worker.name] = metrics.DISPATCHES.labels(worker.name)
+        counter.inc()
 
     def _dispatch_queued(self) -> None:
         while self.dispatcher.queued:

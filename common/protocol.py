@@ -430,6 +430,10 @@ class Error(Message):
 MESSAGE_CLASSES: dict[MsgType, type[Message]] = {
     cls.TYPE: cls for cls in (Ready, Heartbeat, Disconnect, Reconnect, Cancel, Chunk, Result, Error)
 }
+# Per type byte: the class and its header's field names, looked up once (every message is checked).
+_CLASSES_BY_BYTE: dict[int, tuple[MsgType, type[Message], frozenset[str]]] = {
+    int(kind): (kind, cls, frozenset(f.name for f in fields(cls))) for kind, cls in MESSAGE_CLASSES.items()
+}
 
 
 def _as_frame(array: np.ndarray | None, dtype: Any) -> memoryview:
@@ -450,10 +454,10 @@ def _decode_header(frames: list[Any]) -> tuple[type[Message], dict[str, Any], li
     arrays: list[bytes | memoryview] = list(views)
     if type_frame.nbytes != 1:
         raise ProtocolError("the type frame must be one byte")
-    try:
-        msg_type = MsgType(type_frame[0])
-    except ValueError as exc:
-        raise ProtocolError(f"unknown message type {type_frame[0]}") from exc
+    known_type = _CLASSES_BY_BYTE.get(type_frame[0])
+    if known_type is None:
+        raise ProtocolError(f"unknown message type {type_frame[0]}")
+    msg_type, cls, known = known_type
     if header_frame.nbytes > MAX_HEADER_BYTES:
         raise ProtocolError(f"header of {header_frame.nbytes} bytes is over the {MAX_HEADER_BYTES} limit")
     try:
@@ -465,9 +469,7 @@ def _decode_header(frames: list[Any]) -> tuple[type[Message], dict[str, Any], li
         raise ProtocolError(f"header is not valid msgpack: {exc}") from exc
     if not isinstance(header, dict):
         raise ProtocolError("header must be a map")
-    cls = MESSAGE_CLASSES[msg_type]
-    known = {f.name for f in fields(cls)}
-    unknown = set(header) - known
+    unknown = header.keys() - known
     if unknown:
         raise ProtocolError(f"{msg_type.name} header has unknown fields {sorted(unknown)}")
     cls.check(header)

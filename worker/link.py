@@ -31,7 +31,7 @@ EXIT_STALLED = 70  # EX_SOFTWARE: the scheduler hung; a supervisor should start 
 
 class BrokerLink(threading.Thread):
     def __init__(self, ctx: zmq.Context, settings: WorkerSettings, ready: Ready,
-                 inbox: queue.Queue[Chunk | Cancel], outbox_endpoint: str,
+                 inbox: queue.SimpleQueue[Chunk | Cancel], outbox_endpoint: str,
                  stalled_for: Callable[[float], float]) -> None:
         super().__init__(name="broker-link", daemon=True)
         self.stalled_for = stalled_for

@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, Union, runtime_checkable
 
 import numpy as np
 
@@ -35,6 +35,8 @@ log = logging.getLogger("quiver.worker.scheduler")
 
 
 IDLE_POLL_S = 0.1  # an idle loop wakes this often (for the stop flag and the watchdog)
+# What the I/O thread puts chunks and cancels into (the worker uses the SimpleQueue).
+Inbox = Union["queue.SimpleQueue[Chunk | Cancel]", "queue.Queue[Chunk | Cancel]"]
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -312,7 +314,7 @@ class Scheduler:
         self.send(Error(chunk_id=chunk_id, code=code.value, message=reason, worker=self.worker_name))
 
     # loop --------------------------------------------------------------------------------------
-    def run(self, inbox: queue.Queue[Chunk | Cancel], stop: threading.Event, drain: threading.Event) -> None:
+    def run(self, inbox: Inbox, stop: threading.Event, drain: threading.Event) -> None:
         """Serve until `stop`; after `drain`, finish what is held and return."""
         running: InFlightBatch | None = None
         while not stop.is_set():
@@ -363,7 +365,7 @@ class Scheduler:
         release_free_memory()
         self.trimmed_at_step = self.steps
 
-    def _absorb(self, inbox: queue.Queue[Chunk | Cancel], block: bool) -> None:
+    def _absorb(self, inbox: Inbox, block: bool) -> None:
         try:
             self.accept(inbox.get(timeout=IDLE_POLL_S) if block else inbox.get_nowait())
         except queue.Empty:

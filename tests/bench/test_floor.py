@@ -16,7 +16,7 @@ def test_floor_quick_prints_the_floor_and_quivers_overhead(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     rows = result["floor_rows"]
-    assert len(rows) == 4  # three worker shapes (no hand-off, queue.Queue, inproc PAIR), blocking; Starlette
+    assert len(rows) == 5  # four worker shapes (no hand-off, Queue, SimpleQueue, inproc PAIR), blocking; Starlette
     for p50, p99 in rows.values():
         assert 0 < p50 <= p99
     assert result["floor_p50"] > 0
@@ -26,5 +26,6 @@ def test_floor_quick_prints_the_floor_and_quivers_overhead(tmp_path: Path) -> No
     assert len(result["idle_cpu"]) >= 4  # the supervisor, broker, worker and frontend at least
     assert all(0 <= cores for cores in result["idle_cpu"].values())
     table = done.stdout
-    assert "| floor: pyzmq blocking (no hand-off) + Starlette |" in table
+    assert result["floor_p50_by_length"] == {"128": result["floor_p50"]}
+    assert "| floor at 128 tokens: pyzmq blocking (no hand-off) + Starlette |" in table
     assert table.count("\n| 128 |") == 1 and "overhead / floor" in table

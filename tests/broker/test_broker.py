@@ -179,3 +179,24 @@ def test_requests_wait_in_the_queue_until_a_worker_comes(broker):
     late = Peer(ctx, cluster.worker_endpoint, b"late")
     late.register("late")
     assert late.recv().chunk_id == "f:early"
+
+
+def test_a_chunk_that_waited_in_the_queue_carries_the_time_it_has_left(broker):
+    cluster, ctx = broker
+    front = Peer(ctx, cluster.frontend_endpoint, b"front")
+    wait_workers(front, 0)
+    front.send(chunk("f:waits"))  # no worker yet: it waits in the broker's queue
+    time.sleep(0.5)
+    worker = Peer(ctx, cluster.worker_endpoint, b"w")
+    worker.register("w")
+    waited = worker.recv()
+    assert isinstance(waited, Chunk) and waited.chunk_id == "f:waits"
+    assert waited.timeout_s <= 30.0 - 0.4
+    np.testing.assert_array_equal(waited.input_ids, np.arange(10, dtype=np.int32))
+    front.send(chunk("f:at-once"))  # a worker is free: it goes out as the frontend packed it
+    at_once = worker.recv()
+    assert isinstance(at_once, Chunk) and at_once.chunk_id == "f:at-once" and at_once.timeout_s == 30.0
+    np.testing.assert_array_equal(at_once.input_ids, np.arange(10, dtype=np.int32))
+    worker.send(result_for(waited))
+    worker.send(result_for(at_once))
+    assert {front.recv().chunk_id, front.recv().chunk_id} == {"f:waits", "f:at-once"}
