@@ -92,6 +92,10 @@ class WorkerSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     cluster_secret_file: str = option("", "file holding the broker's cluster secret (or set QUIVER_CLUSTER_SECRET)")
     metrics_port: int = option(0, "port of the worker's Prometheus /metrics (0: none)")
     metrics_host: str = option("127.0.0.1", "address the worker's /metrics binds")
+    otlp_endpoint: str = option("", "OpenTelemetry: send traces as OTLP/HTTP protobuf to this collector, e.g. "
+                                    "http://localhost:4318 (POST .../v1/traces; needs the otel extra; default: off)")
+    otlp_service_name: str = option("", "OpenTelemetry: service.name of the traces (default: quiver-frontend for "
+                                        "the frontend, quiver-worker for workers)")
 
 
 @dataclass
@@ -132,6 +136,10 @@ class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     batch_file_ttl_s: int = option(30 * 86400, "bulk jobs: seconds before a file (input, output, errors) is deleted")
     batch_inflight_tokens: int = option(65536, "bulk jobs: tokens the batch runner keeps in flight at most")
     batch_run_tokens: int = option(4096, "bulk jobs: tokens in one pipeline run of the batch runner")
+    otlp_endpoint: str = option("", "OpenTelemetry: send traces as OTLP/HTTP protobuf to this collector, e.g. "
+                                    "http://localhost:4318 (POST .../v1/traces; needs the otel extra; default: off)")
+    otlp_service_name: str = option("", "OpenTelemetry: service.name of the traces (default: quiver-frontend for "
+                                        "the frontend, quiver-worker for workers)")
 
 
 @dataclass

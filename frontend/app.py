@@ -20,12 +20,14 @@ from quiver.common.config import FrontendSettings
 from quiver.common.model_info import default_model_dir, load_model_info
 from quiver.common.security import client_from
 from quiver.common.fingerprint import model_fingerprint
+from quiver.common.tracing import Tracing
 from quiver.frontend.broker_client import BrokerClient
 from quiver.frontend.errors import OPENAI, TEI, APIError, render
 from quiver.frontend.http import RouteSpec, endpoint
 from quiver.frontend.openapi import build_openapi
 from quiver.frontend.routes import ROUTES
 from quiver.frontend.service import Service, served_names
+from quiver.frontend.tracing import RequestTracer
 
 log = logging.getLogger("quiver.frontend")
 
@@ -47,6 +49,13 @@ def load_extensions(service: Service, settings: FrontendSettings) -> list[Extens
     return [entry.load()(service, settings) for entry in entry_points(group=EXTENSIONS_GROUP)]
 
 
+def request_tracer(settings: FrontendSettings) -> RequestTracer | None:
+    """The frontend's tracer when --otlp-endpoint is set (server.py checked at start-up that it can be used)."""
+    if not settings.otlp_endpoint:
+        return None
+    return RequestTracer(Tracing(settings.otlp_endpoint, settings.otlp_service_name or "quiver-frontend", "frontend"))
+
+
 def create_app(settings: FrontendSettings) -> Starlette:
     names = served_names(settings.served_model_name)
     info = load_model_info(settings.model or default_model_dir(), name=names[0] if names else None)
@@ -56,7 +65,8 @@ def create_app(settings: FrontendSettings) -> Starlette:
     service = Service(settings, info, client)
     extensions = load_extensions(service, settings)
     specs = ROUTES + tuple(spec for extension in extensions for spec in extension.routes)
-    routes = [Route(spec.path, endpoint(spec, service, settings), methods=[spec.method]) for spec in specs]
+    tracer = request_tracer(settings)
+    routes = [Route(spec.path, endpoint(spec, service, settings, tracer), methods=[spec.method]) for spec in specs]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -71,6 +81,8 @@ def create_app(settings: FrontendSettings) -> Starlette:
             await extension.stop()
         await client.close()
         service.tokenizer.pool.shutdown(wait=False, cancel_futures=True)
+        if tracer is not None:
+            tracer.shutdown()
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

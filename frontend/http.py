@@ -28,6 +28,7 @@ from quiver.frontend import metrics
 from quiver.frontend.admission import CURRENT_TICKET, Ticket, estimated_tokens
 from quiver.frontend.errors import OPENAI, APIError, render
 from quiver.frontend.service import Service
+from quiver.frontend.tracing import UNTRACED_PATHS, RequestTracer
 
 log = logging.getLogger("quiver.frontend")
 
@@ -204,13 +205,17 @@ def check_content_type(request: Request) -> None:
                        f"the request body must be JSON sent as Content-Type: application/json, not {value[:100]!r}")
 
 
-def endpoint(spec: RouteSpec, service: Service, settings: FrontendSettings) -> Callable[[Request], Awaitable[Response]]:
+def endpoint(spec: RouteSpec, service: Service, settings: FrontendSettings,
+             tracer: RequestTracer | None = None) -> Callable[[Request], Awaitable[Response]]:
     route = spec.path
     guard_host = is_loopback(settings.host)
+    request_tracer = tracer if route not in UNTRACED_PATHS else None
 
     async def serve(request: Request) -> Response:
         started = time.monotonic()
         ticket: Ticket | None = None
+        trace = request_tracer.start(request, spec.method, route, service.model_name) if request_tracer else None
+        failure = ""
         try:
             if guard_host:
                 check_host(request)
@@ -238,19 +243,24 @@ def endpoint(spec: RouteSpec, service: Service, settings: FrontendSettings) -> C
             response = await _unless_disconnected(spec.handler, Call(service, request, body, spec),
                                                   watch=ticket is not None)
         except ClientDisconnected:
+            failure = "client_disconnected"
             metrics.FAILURES.labels(route, "client_disconnected").inc()
             response = Response(status_code=CLIENT_CLOSED_REQUEST)
         except APIError as error:
+            failure = error.reason
             metrics.FAILURES.labels(route, error.reason).inc()
             response = render(error, spec.style)
         except Exception:
             log.exception("unexpected failure on %s", route)
+            failure = "internal"
             metrics.FAILURES.labels(route, "internal").inc()
             response = render(APIError("internal", "internal server error"), spec.style)
         finally:
             if ticket is not None:
                 ticket.release()
         metrics.REQUESTS.labels(route, str(response.status_code)).inc()
+        if trace is not None:
+            trace.finish(response.status_code, failure)
         if response.status_code < 400:
             metrics.STAGE_SECONDS.labels(route, "total").observe(time.monotonic() - started)
         return response

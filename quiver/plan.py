@@ -27,6 +27,7 @@ from quiver.common.config import (
 )
 from quiver.common.model_info import EXIT_MODEL_ERROR
 from quiver.common.security import CLUSTER_SECRET_ENV, new_cluster_secret
+from quiver.common.tracing import tracing_problem
 
 log = logging.getLogger("quiver.serve")
 
@@ -166,6 +167,8 @@ def _child(name: str, role: str, role_type: type, values: dict[str, Any], base_e
 def plan_children(settings: ServeSettings, model_dir: Path, runtime_dir: Path, gpus: int) -> list[ChildSpec]:
     """broker first, then the workers, then the frontend."""
     s = settings
+    if tracing_problem(s.otlp_endpoint):  # the frontend and every worker would exit 2 with this reason
+        raise ServeError(tracing_problem(s.otlp_endpoint), EXIT_USAGE)
     devices = worker_devices(s.device, s.workers, gpus)
     on_gpu = devices[0] != "cpu"
     frontend_endpoint = s.frontend_endpoint or f"ipc://{runtime_dir}/frontend.sock"
