@@ -12,6 +12,7 @@ Stage spans are built after the fact from monotonic timestamps the request path 
 from __future__ import annotations
 
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -123,10 +124,12 @@ class Tracing:
         # The sampler and the batch processor's delay and sizes follow the OTEL_* environment variables.
         # shutdown() below bounds the wait at exit; the SDK's own exit hook would wait up to 30 s.
         self.provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-        self.processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=self.url))
-        self.provider.add_span_processor(self.processor)
+        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=self.url)))
         self.tracer = self.provider.get_tracer("quiver", __version__)
 
     def shutdown(self) -> None:
-        """Export what is queued, waiting at most SHUTDOWN_TIMEOUT_S for the collector."""
-        self.processor.shutdown(timeout_millis=int(SHUTDOWN_TIMEOUT_S * 1000))
+        """Export what is queued, waiting at most SHUTDOWN_TIMEOUT_S for the collector (the SDK's own
+        shutdown waits up to 30 s when the collector does not answer)."""
+        flush = threading.Thread(target=self.provider.shutdown, name="otel-shutdown", daemon=True)
+        flush.start()
+        flush.join(SHUTDOWN_TIMEOUT_S)
