@@ -44,8 +44,9 @@ def traced(collector):
     cluster.served_model = httpx.get(cluster.url + "/v1/models", timeout=30).json()["data"][0]["id"]  # type: ignore[attr-defined]
     yield cluster
     cluster.stop()
-    # Each traced process flushed its spans and stopped cleanly.
-    assert [proc.popen.returncode for proc in (cluster.frontend, *cluster.worker_procs)] == [0, 0], cluster.logs()
+    # The traced processes flushed their spans and stopped cleanly (uvicorn ends on the signal it was sent).
+    assert cluster.worker_procs[0].popen.returncode == 0, cluster.logs()
+    assert "Application shutdown complete" in cluster.frontend.log() and "Traceback" not in cluster.logs()
 
 
 def new_traceparent() -> tuple[str, str, str]:
