@@ -5,7 +5,7 @@ server without the `otel` extra installed and without an endpoint never loads it
 spans are queued by the SDK's BatchSpanProcessor and exported from its own thread as OTLP/HTTP protobuf
 (POST {endpoint}/v1/traces), so a slow or absent collector never holds up a request.
 
-Stage spans are built after the fact from monotonic timestamps the request path already takes;
+Stage spans are built after the fact from time.monotonic() readings taken on the request path;
 `WallClock` turns those into the epoch nanoseconds OpenTelemetry wants.
 """
 
