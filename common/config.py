@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 ENV_PREFIX = "QUIVER_"
+# The exit status of a role given an option it cannot honour (argparse's own status for a malformed one):
+# --dtype fp8 off Hopper, an --otlp-endpoint it cannot use, a --device it does not know.
+EXIT_USAGE = 2
 
 DEFAULT_FRONTEND_ENDPOINT = "tcp://127.0.0.1:5555"
 DEFAULT_WORKER_ENDPOINT = "tcp://127.0.0.1:5556"
@@ -96,6 +99,10 @@ class WorkerSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     metrics_port: int = option(0, "port of the worker's Prometheus /metrics (0: none)")
     model_name: str = option("", "the model's name in metrics, as the frontends serve it (default: the checkpoint's)")
     metrics_host: str = option("127.0.0.1", "address the worker's /metrics binds")
+    otlp_endpoint: str = option("", "OpenTelemetry: send traces as OTLP/HTTP protobuf to this collector, e.g. "
+                                    "http://localhost:4318 (POST .../v1/traces; needs the otel extra; default: off)")
+    otlp_service_name: str = option("", "OpenTelemetry: service.name of the traces (default: quiver-frontend for "
+                                        "the frontend, quiver-worker for workers)")
 
 
 @dataclass
@@ -138,6 +145,10 @@ class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     batch_file_ttl_s: int = option(30 * 86400, "bulk jobs: seconds before a file (input, output, errors) is deleted")
     batch_inflight_tokens: int = option(65536, "bulk jobs: tokens the batch runner keeps in flight at most")
     batch_run_tokens: int = option(4096, "bulk jobs: tokens in one pipeline run of the batch runner")
+    otlp_endpoint: str = option("", "OpenTelemetry: send traces as OTLP/HTTP protobuf to this collector, e.g. "
+                                    "http://localhost:4318 (POST .../v1/traces; needs the otel extra; default: off)")
+    otlp_service_name: str = option("", "OpenTelemetry: service.name of the traces (default: quiver-frontend for "
+                                        "the frontend, quiver-worker for workers)")
 
 
 @dataclass

@@ -33,6 +33,7 @@ MAX_ID_CHARS = 128
 MAX_SECRET_CHARS = 256
 MAX_RESULT_DIM = 1 << 20
 MAX_TEXT_CHARS = 4096
+MAX_TRACEPARENT_CHARS = 128  # W3C traceparent: 55 characters in version 00, room for later versions' fields
 # The largest frame any message carries: every socket refuses (disconnects) a peer sending more.
 MAX_FRAME_BYTES = max(MAX_ARRAY_BYTES, MAX_HEADER_BYTES)
 
@@ -262,6 +263,7 @@ class Chunk(Message):
     input_ids: np.ndarray = field(kw_only=True, repr=False)
     seq_lens: np.ndarray = field(kw_only=True, repr=False)
     token_type_ids: np.ndarray | None = field(default=None, repr=False)
+    traceparent: str = ""  # W3C trace context of the request's span when it is traced; workers check its format
 
     ARRAY_FIELDS: ClassVar[tuple[str, ...]] = ("input_ids", "seq_lens", "token_type_ids")
 
@@ -286,6 +288,7 @@ class Chunk(Message):
         _check_bool("has_token_types", h.get("has_token_types", False))
         _check_int("attempt", h.get("attempt", 0), 0, 1000)
         _check_str("model", h.get("model", ""))
+        _check_str("traceparent", h.get("traceparent", ""), MAX_TRACEPARENT_CHARS)
 
     @classmethod
     def from_parts(cls, header: dict[str, Any], arrays: Sequence[bytes | memoryview]) -> Chunk:

@@ -19,12 +19,14 @@ from starlette.routing import Route
 
 from quiver.common.config import FrontendSettings
 from quiver.common.security import client_from
+from quiver.common.tracing import Tracing
 from quiver.frontend.errors import OPENAI, TEI, APIError, render
 from quiver.frontend.http import RouteSpec, endpoint
 from quiver.frontend.openapi import build_openapi
 from quiver.frontend.models import build_registry
 from quiver.frontend.routes import ROUTES
 from quiver.frontend.service import Service
+from quiver.frontend.tracing import RequestTracer
 
 log = logging.getLogger("quiver.frontend")
 
@@ -46,12 +48,20 @@ def load_extensions(service: Service, settings: FrontendSettings) -> list[Extens
     return [entry.load()(service, settings) for entry in entry_points(group=EXTENSIONS_GROUP)]
 
 
+def request_tracer(settings: FrontendSettings) -> RequestTracer | None:
+    """The frontend's tracer when --otlp-endpoint is set (server.py checked at start-up that it can be used)."""
+    if not settings.otlp_endpoint:
+        return None
+    return RequestTracer(Tracing(settings.otlp_endpoint, settings.otlp_service_name or "quiver-frontend", "frontend"))
+
+
 def create_app(settings: FrontendSettings) -> Starlette:
     registry, client = build_registry(settings, client_from(settings.curve_secret_key, settings.curve_broker_key))
     service = registry.default
     extensions = load_extensions(service, settings)
     specs = ROUTES + tuple(spec for extension in extensions for spec in extension.routes)
-    routes = [Route(spec.path, endpoint(spec, registry, settings), methods=[spec.method]) for spec in specs]
+    tracer = request_tracer(settings)
+    routes = [Route(spec.path, endpoint(spec, registry, settings, tracer), methods=[spec.method]) for spec in specs]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -68,6 +78,8 @@ def create_app(settings: FrontendSettings) -> Starlette:
         await client.close()
         for each in registry.services:
             each.tokenizer.pool.shutdown(wait=False, cancel_futures=True)
+        if tracer is not None:
+            tracer.shutdown()
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -29,6 +29,7 @@ from quiver.frontend.admission import CURRENT_TICKET, Ticket, estimated_tokens
 from quiver.frontend.errors import OPENAI, APIError, render
 from quiver.frontend.models import ModelRegistry
 from quiver.frontend.service import Service
+from quiver.frontend.tracing import UNTRACED_PATHS, RequestTracer
 
 log = logging.getLogger("quiver.frontend")
 
@@ -213,16 +214,20 @@ def requested_model(body: Any, request: Request) -> str | None:
     return model if isinstance(model, str) else None
 
 
-def endpoint(spec: RouteSpec, models: ModelRegistry, settings: FrontendSettings) -> Callable[[Request], Awaitable[Response]]:
+def endpoint(spec: RouteSpec, models: ModelRegistry, settings: FrontendSettings,
+             tracer: RequestTracer | None = None) -> Callable[[Request], Awaitable[Response]]:
     """The route's handler behind the prologue; the request's `model` picks the Service it is given."""
     route = spec.path
     service = models.default  # its admission budget and tokenization pool serve the prologue: shared by all
     guard_host = is_loopback(settings.host)
+    request_tracer = tracer if route not in UNTRACED_PATHS else None
 
     async def serve(request: Request) -> Response:
         started = time.monotonic()
         ticket: Ticket | None = None
         model_name = ""
+        trace = request_tracer.start(request, spec.method, route) if request_tracer else None
+        failure = ""
         try:
             if guard_host:
                 check_host(request)
@@ -252,19 +257,24 @@ def endpoint(spec: RouteSpec, models: ModelRegistry, settings: FrontendSettings)
             response = await _unless_disconnected(spec.handler, Call(picked, request, body, spec),
                                                   watch=ticket is not None)
         except ClientDisconnected:
+            failure = "client_disconnected"
             metrics.FAILURES.labels(route, "client_disconnected").inc()
             response = Response(status_code=CLIENT_CLOSED_REQUEST)
         except APIError as error:
+            failure = error.reason
             metrics.FAILURES.labels(route, error.reason).inc()
             response = render(error, spec.style)
         except Exception:
             log.exception("unexpected failure on %s", route)
+            failure = "internal"
             metrics.FAILURES.labels(route, "internal").inc()
             response = render(APIError("internal", "internal server error"), spec.style)
         finally:
             if ticket is not None:
                 ticket.release()
         metrics.REQUESTS.labels(route, str(response.status_code), model_name).inc()
+        if trace is not None:
+            trace.finish(response.status_code, failure, model_name)
         if response.status_code < 400:
             metrics.STAGE_SECONDS.labels(route, "total", model_name).observe(time.monotonic() - started)
         return response

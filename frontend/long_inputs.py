@@ -21,7 +21,7 @@ from quiver.common.protocol import TASK_EMBED
 from quiver.frontend import metrics
 from quiver.frontend.errors import APIError
 from quiver.frontend.pipeline import Timings
-from quiver.frontend.service import Embeddings, Service, as_input_list, matryoshka
+from quiver.frontend.service import Embeddings, Service, as_input_list, matryoshka, record_stages
 from quiver.frontend.tokenization import Sequences
 
 def long_input_modes(settings: FrontendSettings) -> list[str]:
@@ -103,8 +103,6 @@ async def embed_split(service: Service, inputs: object, *, route: str, truncate:
     metrics.INPUT_TOKENS.labels(route).observe(windows.seqs.num_tokens)
     metrics.INPUTS.labels(route).observe(windows.num_inputs)
     rows = await service.pipeline.run(windows.seqs, TASK_EMBED, False, timings)
-    for stage, seconds in (("tokenization", timings.tokenization_s), ("queue", timings.queue_s),
-                           ("inference", timings.inference_s)):
-        metrics.STAGE_SECONDS.labels(route, stage, service.model_name).observe(seconds)
+    record_stages(route, timings, service.model_name)
     return Embeddings(matryoshka(weighted_mean(rows, windows, normalize), dimensions, normalize),
                       windows.seqs.num_tokens, timings)

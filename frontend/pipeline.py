@@ -20,6 +20,7 @@ from quiver.frontend.admission import CURRENT_TICKET, RETRY_AFTER_S, Admission
 from quiver.frontend.broker_client import BrokerClient, ChunkFailed
 from quiver.frontend.errors import APIError
 from quiver.frontend.tokenization import Sequences
+from quiver.frontend.tracing import current_traceparent, record_chunks, record_chunks_failed
 
 CHUNK_ERRORS = {
     ErrorCode.BAD_INPUT.value: "validation",
@@ -97,6 +98,7 @@ class Pipeline:
         offsets = np.zeros(seqs.num_seqs + 1, dtype=np.int64)
         np.cumsum(seqs.seq_lens, out=offsets[1:])
         chunks = []
+        traceparent = current_traceparent()
         for start, end in split_ranges(seqs.seq_lens, self.settings.max_chunk_tokens, self.settings.max_chunk_seqs):
             lo, hi = int(offsets[start]), int(offsets[end])
             types = seqs.token_type_ids[lo:hi] if seqs.token_type_ids is not None else None
@@ -104,7 +106,7 @@ class Pipeline:
                 chunk_id=self.client.new_chunk_id(), task=task, num_seqs=end - start, num_tokens=hi - lo,
                 normalize=normalize, timeout_s=timeout_s, has_token_types=types is not None,
                 model=self.model_fingerprint, input_ids=seqs.input_ids[lo:hi], seq_lens=seqs.seq_lens[start:end],
-                token_type_ids=types,
+                token_type_ids=types, traceparent=traceparent,
             ))
         return chunks
 
@@ -112,6 +114,7 @@ class Pipeline:
         remaining = self.settings.request_timeout_s - (time.monotonic() - timings.started)
         chunks = self._chunks(seqs, task, normalize, max(0.0, remaining))
         metrics.CHUNKS_SENT.inc(len(chunks))
+        dispatched = time.monotonic()
         tasks = [asyncio.ensure_future(self.client.submit(chunk)) for chunk in chunks]
         try:
             done, pending = await asyncio.wait(tasks, timeout=max(0.0, remaining), return_when=asyncio.FIRST_EXCEPTION)
@@ -130,12 +133,16 @@ class Pipeline:
                     raise APIError("unavailable", "the broker became unreachable and did not come back before "
                                    "the request's deadline", headers={"Retry-After": RETRY_AFTER_S})
                 raise APIError("timeout", f"the request did not finish within {self.settings.request_timeout_s:g} s")
+        except BaseException as exc:
+            record_chunks_failed(dispatched, len(chunks), getattr(exc, "reason", type(exc).__name__))
+            raise
         finally:
             for chunk, task_ in zip(chunks, tasks):
                 if not task_.done():
                     self.client.cancel(chunk.chunk_id)
                     task_.cancel()
         results = [task_.result() for task_ in tasks]
+        record_chunks(dispatched, results, seqs.num_seqs, seqs.num_tokens)
         timings.queue_s = max(r.queue_s for r in results)
         timings.inference_s = max(r.inference_s for r in results)
         return results

@@ -28,7 +28,7 @@ from quiver.frontend.pipeline import Timings
 from quiver.frontend.quantize import encode_rows
 from quiver.frontend.schemas import EncodingFormat, Request, Usage
 from quiver.frontend.service import Service, matryoshka
-from quiver.frontend.token_outputs import record_stages, run_token_rows
+from quiver.frontend.token_outputs import record_request, run_token_rows
 from quiver.frontend.tokenization import THREAD_THRESHOLD_CHARS, Sequences
 
 
@@ -129,7 +129,7 @@ async def contextualized_embeddings(call: Call) -> Response:
         seqs, chunk_lens = document_sequences(service, req.input)
     timings.tokenization_s = time.monotonic() - timings.started
     rows = await run_token_rows(service, seqs, timings)
-    record_stages(call.spec.path, seqs, timings)
+    record_request(call.spec.path, seqs, timings, service.model_name)
     head = len(wrapper_ids(service)[0])
     starts = np.concatenate([[0], np.cumsum(seqs.seq_lens)[:-1]])
     data: list[dict[str, Any]] = []

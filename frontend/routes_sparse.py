@@ -23,7 +23,7 @@ from quiver.frontend.http import Call, json_response
 from quiver.frontend.pipeline import Timings
 from quiver.frontend.schemas import INSTRUCTION_HELP, MODEL_HELP, TRUNCATE_HELP, Direction, Inputs
 from quiver.frontend.schemas import Request as RequestModel
-from quiver.frontend.service import ROUTES_BY_KIND, Service, describe
+from quiver.frontend.service import ROUTES_BY_KIND, Service, describe, record_stages
 from quiver.frontend.token_outputs import m3_outputs, sparse_dropped_ids, token_rows
 
 
@@ -67,9 +67,7 @@ async def sparse_embed(service: Service, inputs: object, *, route: str, truncate
     metrics.INPUT_TOKENS.labels(route).observe(seqs.num_tokens)
     metrics.INPUTS.labels(route).observe(seqs.num_seqs)
     results = await service.pipeline.run_results(seqs, TASK_EMBED, False, timings)
-    for stage, seconds in (("tokenization", timings.tokenization_s), ("queue", timings.queue_s),
-                           ("inference", timings.inference_s)):
-        metrics.STAGE_SECONDS.labels(route, stage, service.model_name).observe(seconds)
+    record_stages(route, timings, service.model_name)
     return [row for result in results for row in result_rows(result)], seqs.num_tokens, timings
 
 

@@ -20,8 +20,9 @@ import tempfile
 import uvicorn
 
 from quiver.common import sdnotify
-from quiver.common.config import FrontendSettings
+from quiver.common.config import EXIT_USAGE, FrontendSettings
 from quiver.common.model_info import EXIT_MODEL_ERROR, ModelError
+from quiver.common.tracing import tracing_problem
 
 log = logging.getLogger("quiver.frontend")
 
@@ -84,6 +85,10 @@ def _metrics_directory(processes: int) -> str | None:
 
 
 def run_frontend(settings: FrontendSettings) -> int:
+    problem = tracing_problem(settings.otlp_endpoint)
+    if problem:
+        log.error("frontend: %s", problem)
+        return EXIT_USAGE
     if settings.tokenizer_threads > 0:
         os.environ["RAYON_NUM_THREADS"] = str(settings.tokenizer_threads)
     made = _metrics_directory(settings.http_processes)

@@ -42,7 +42,8 @@ class Scores:
     timings: Timings
 
 
-def _record_stages(route: str, timings: Timings, model: str) -> None:
+def record_stages(route: str, timings: Timings, model: str) -> None:
+    """The request's tokenization, queue and inference seconds, in the stage histogram."""
     for stage, seconds in (("tokenization", timings.tokenization_s), ("queue", timings.queue_s),
                            ("inference", timings.inference_s)):
         metrics.STAGE_SECONDS.labels(route, stage, model).observe(seconds)
@@ -216,7 +217,7 @@ class Service:
         seqs = await self.tokenize(inputs, truncate, direction, prompt_name, param, timings, instruction)
         self._observe(route, seqs)
         rows = await self.pipeline.run(seqs, TASK_EMBED, normalize, timings)
-        _record_stages(route, timings, self.model_name)
+        record_stages(route, timings, self.model_name)
         return Embeddings(matryoshka(rows, dimensions, normalize), seqs.num_tokens, timings)
 
     async def score(self, query: str | list[str], documents: list[str], *, route: str, truncate: bool | None,
@@ -236,7 +237,7 @@ class Service:
         timings.tokenization_s = time.monotonic() - started
         self._observe(route, seqs)
         logits = (await self.pipeline.run(seqs, TASK_SCORE, False, timings))[:, 0]
-        _record_stages(route, timings, self.model_name)
+        record_stages(route, timings, self.model_name)
         values = logits if raw_scores else sigmoid(logits)
         return Scores(values, seqs.num_tokens, timings)
 
@@ -256,7 +257,7 @@ class Service:
         timings.tokenization_s = time.monotonic() - started
         self._observe(route, seqs)
         logits = await self.pipeline.run(seqs, TASK_CLASSIFY, False, timings)
-        _record_stages(route, timings, self.model_name)
+        record_stages(route, timings, self.model_name)
         if raw_scores:
             values = logits
         else:

@@ -25,7 +25,7 @@ from quiver.common.protocol import TASK_TOKENS
 from quiver.frontend import metrics
 from quiver.frontend.errors import APIError
 from quiver.frontend.pipeline import Timings
-from quiver.frontend.service import Service
+from quiver.frontend.service import Service, record_stages
 from quiver.frontend.tokenization import Sequences
 
 # Token vectors one response may carry (/embed_all, ColBERT outputs), in numbers: about 160 MB of JSON.
@@ -46,12 +46,10 @@ class TokenRows:
     timings: Timings
 
 
-def record_stages(route: str, seqs: Sequences, timings: Timings) -> None:
+def record_request(route: str, seqs: Sequences, timings: Timings, model: str) -> None:
     metrics.INPUT_TOKENS.labels(route).observe(seqs.num_tokens)
     metrics.INPUTS.labels(route).observe(seqs.num_seqs)
-    for stage, seconds in (("tokenization", timings.tokenization_s), ("queue", timings.queue_s),
-                           ("inference", timings.inference_s)):
-        metrics.STAGE_SECONDS.labels(route, stage).observe(seconds)
+    record_stages(route, timings, model)
 
 
 async def run_token_rows(service: Service, seqs: Sequences, timings: Timings) -> np.ndarray:
@@ -80,7 +78,7 @@ async def token_rows(service: Service, inputs: object, *, route: str, truncate: 
                        f"vectors of at most {MAX_TOKEN_VECTOR_VALUES // service.info.hidden_size} tokens for this "
                        "model", param=param)
     rows = await run_token_rows(service, seqs, timings)
-    record_stages(route, seqs, timings)
+    record_request(route, seqs, timings, service.model_name)
     return TokenRows(split_by_lengths(seqs.input_ids, seqs.seq_lens), split_by_lengths(rows, seqs.seq_lens),
                      seqs.num_tokens, timings)
 

@@ -13,6 +13,7 @@ fixed prefix, a body and a fixed suffix (Qwen3-Reranker), where truncation short
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, TypeVar, Union
@@ -23,6 +24,7 @@ from tokenizers import Encoding, Tokenizer
 
 from quiver.common.model_info import ModelInfo
 from quiver.frontend.errors import APIError
+from quiver.frontend.tracing import record_tokenization
 
 # Above this many characters in one call, tokenization leaves the event loop for the pool (a few
 # thousand characters tokenize in well under a millisecond, about the cost of the thread hand-off).
@@ -185,9 +187,13 @@ class TextTokenizer:
 
     async def _off_loop(self, chars: int, work: Callable[[], T]) -> T:
         """Run tokenization work on the pool unless it is too small to be worth the hand-off."""
-        if chars > THREAD_THRESHOLD_CHARS:
-            return await asyncio.get_running_loop().run_in_executor(self.pool, work)
-        return work()
+        started = time.monotonic()
+        try:
+            if chars > THREAD_THRESHOLD_CHARS:
+                return await asyncio.get_running_loop().run_in_executor(self.pool, work)
+            return work()
+        finally:
+            record_tokenization(started)
 
 
 def _token_list(text: str, encoding: Encoding) -> list[dict]:

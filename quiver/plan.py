@@ -28,16 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from quiver.common.config import (
-    SERVE_HIDDEN, BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, default_http_processes,
+    EXIT_USAGE, SERVE_HIDDEN, BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, default_http_processes,
     secret_environment, secret_names, to_argv,
 )
 from quiver.common.model_info import EXIT_MODEL_ERROR
 from quiver.common.models_file import ModelEntry, write_models_file
 from quiver.common.security import CLUSTER_SECRET_ENV, new_cluster_secret
+from quiver.common.tracing import tracing_problem
 
 log = logging.getLogger("quiver.serve")
 
-EXIT_USAGE = 2
 DEFAULT_GPU_BUSY_POLL_US = 500
 # The memory of a GPU that workers sharing it split when their models ask for no fraction.
 DEFAULT_GPU_SHARE = 0.9
@@ -230,6 +230,8 @@ def plan_children(settings: ServeSettings, model_dir: Path, runtime_dir: Path, g
     """broker first, then the workers (model by model), then the frontend. `models` (checkpoint
     directories resolved) default to `model_dir` alone."""
     s = settings
+    if tracing_problem(s.otlp_endpoint):  # the frontend and every worker would exit 2 with this reason
+        raise ServeError(tracing_problem(s.otlp_endpoint), EXIT_USAGE)
     entries = models or [ModelEntry(str(model_dir), s.served_model_name)]
     workers = [(entry, device) for entry in entries
                for device in worker_devices(entry.device or s.device, entry.workers or s.workers, gpus)]

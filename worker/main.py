@@ -17,20 +17,20 @@ import threading
 import zmq
 
 from quiver.common import sdnotify
-from quiver.common.config import WorkerSettings
+from quiver.common.config import EXIT_USAGE, WorkerSettings
 from quiver.common.fingerprint import model_fingerprint
 from quiver.common.metrics import serve_metrics
 from quiver.common.model_info import EXIT_MODEL_ERROR, default_model_dir, tasks_for_kind
 from quiver.common.protocol import PROTOCOL_VERSION, Ready
 from quiver.common.security import SecurityError, cluster_secret
+from quiver.common.tracing import tracing_problem
 from quiver.common.transport import make_socket, send
 from quiver.worker import metrics
 from quiver.worker.faults import with_injected_faults
 from quiver.worker.host_memory import limit_arenas
 from quiver.worker.link import BrokerLink
 from quiver.worker.scheduler import Scheduler
-
-EXIT_USAGE = 2  # an option the device cannot honour (--dtype fp8 off Hopper), as for a malformed option
+from quiver.worker.tracing import chunk_tracer
 
 log = logging.getLogger("quiver.worker")
 
@@ -41,6 +41,10 @@ QUEUED_STEPS = 2
 
 
 def run_worker(settings: WorkerSettings) -> int:
+    problem = tracing_problem(settings.otlp_endpoint)
+    if problem:
+        log.error("worker: %s", problem)
+        return EXIT_USAGE
     from quiver.worker.engine import load_engine  # torch is imported here, after the options are parsed
     from quiver.worker.engine.startup import DtypeUnavailable
 
@@ -94,12 +98,13 @@ def run_worker(settings: WorkerSettings) -> int:
     outbox_endpoint = f"inproc://worker-outbox-{os.getpid()}"
     outbox = make_socket(ctx, zmq.PUSH)
     outbox.connect(outbox_endpoint)
+    tracer = chunk_tracer(settings.otlp_endpoint, settings.otlp_service_name, name)
     scheduler = Scheduler(with_injected_faults(engine), send=lambda message: send(outbox, message),
                           worker_name=name, max_batch_tokens=info.max_batch_tokens,
-                          max_batch_seqs=info.max_batch_seqs)
+                          max_batch_seqs=info.max_batch_seqs, chunk_tracer=tracer)
     # The I/O thread's hand-off to the scheduler: SimpleQueue's put and get are one C-level lock each
     # (queue.Queue's take a condition variable and several Python-level locks), measured ~7 µs less per
-    # hand-off on an idle pair of threads (.notes/latency.md).
+    # hand-off on an idle pair of threads.
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     link = BrokerLink(ctx, settings, ready, inbox, outbox_endpoint, stalled_for=scheduler.stalled_for)
     link.start()
@@ -129,5 +134,7 @@ def run_worker(settings: WorkerSettings) -> int:
     link.join(timeout=5)
     outbox.close()
     ctx.term()
+    if tracer is not None:
+        tracer.shutdown()
     log.info("worker %s stopped after %d batches", name, scheduler.steps)
     return 0

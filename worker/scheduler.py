@@ -30,6 +30,7 @@ from quiver.common.protocol import TASK_TOKENS, Cancel, Chunk, Error, ErrorCode,
 from quiver.worker import metrics
 from quiver.worker.engine.batch import Batch
 from quiver.worker.host_memory import TRIM_EVERY_STEPS, release_free_memory
+from quiver.worker.tracing import ChunkTracer
 
 log = logging.getLogger("quiver.worker.scheduler")
 
@@ -74,6 +75,7 @@ class ChunkJob:
     started: float | None = None
     inference_s: float = 0.0
     closed: bool = False  # answered, failed or cancelled: its remaining sequences are skipped
+    steps: int = 0  # steps that ran some of its sequences
 
 
 @dataclass(eq=False)
@@ -95,8 +97,9 @@ class InFlightBatch:
 
 class Scheduler:
     def __init__(self, engine: StepEngine, send: Callable[[Message], None], worker_name: str,
-                 max_batch_tokens: int, max_batch_seqs: int) -> None:
+                 max_batch_tokens: int, max_batch_seqs: int, chunk_tracer: ChunkTracer | None = None) -> None:
         self.engine = engine
+        self.chunk_tracer = chunk_tracer  # None unless tracing is on
         self.tasks = tasks_for_kind(engine.info.model.kind)
         self.sparse_results = engine.info.model.kind == KIND_SPARSE  # SPLADE rows travel as their non-zeros
         self.send = send
@@ -165,6 +168,7 @@ class Scheduler:
             if job.deadline < now:
                 self._close(job)
                 self._fail_chunk(job.chunk.chunk_id, ErrorCode.EXPIRED, "the request's deadline passed before it ran")
+                self._trace(job, ErrorCode.EXPIRED.value)
                 continue
             while job.next_row < job.chunk.num_seqs:
                 length = int(job.chunk.seq_lens[job.next_row])
@@ -238,6 +242,7 @@ class Scheduler:
         elapsed = self.busy_until - flight.launched
         for job in {id(ref.job): ref.job for ref in flight.refs}.values():
             job.inference_s += elapsed
+            job.steps += 1
             if job.rows_left == 0 and not job.closed:
                 self._answer(job)
 
@@ -273,6 +278,7 @@ class Scheduler:
             if not job.closed:
                 self._close(job)
                 self._fail_chunk(job.chunk.chunk_id, ErrorCode.INTERNAL, f"the model failed: {exc}")
+                self._trace(job, ErrorCode.INTERNAL.value)
 
     def recover(self, refs: list[SequenceRef], exc: BaseException) -> None:
         """A batch failed: run its sequences again once, in two halves. Out of memory keeps halving
@@ -304,6 +310,11 @@ class Scheduler:
                         num_rows=job.chunk.num_tokens if job.chunk.task == TASK_TOKENS else None)
         self.send(result.to_sparse() if self.sparse_results and result.num_rows is None else result)
         metrics.CHUNKS.labels("ok").inc()
+        self._trace(job)
+
+    def _trace(self, job: ChunkJob, error: str = "") -> None:
+        if self.chunk_tracer is not None and job.chunk.traceparent:
+            self.chunk_tracer.record(job.chunk, job.received, job.started, job.steps, job.inference_s, error)
 
     def _close(self, job: ChunkJob) -> None:
         job.closed = True
