@@ -70,7 +70,7 @@ class Broker:
             sock.bind(endpoint)
         self.instance_id = secrets.token_hex(8)
         self.models = ModelGuard()
-        self.dispatcher = Dispatcher(settings.max_queued_chunks)
+        self.dispatcher = Dispatcher(settings.max_queued_chunks, settings.max_background_chunks)
         self.refusals = metrics.Refusals()
         self.running = True
         self.next_heartbeat = 0.0
@@ -208,7 +208,7 @@ class Broker:
 
     def _submit(self, chunk: PendingChunk) -> None:
         """Send a new chunk to a worker now, or queue it; answer 'overloaded' when the queue is full."""
-        if not self.dispatcher.queue:
+        if not self.dispatcher.waits_ahead(chunk):
             worker = self.dispatcher.pick_worker(chunk)
             if worker is not None:
                 self._send_to_worker(chunk, worker)
@@ -352,12 +352,8 @@ class Broker:
         metrics.DISPATCHES.labels(worker.name).inc()
 
     def _dispatch_queued(self) -> None:
-        queue = self.dispatcher.queue
-        while queue:
-            worker = self.dispatcher.pick_worker(queue[0])
-            if worker is None:
-                return
-            self._send_to_worker(self.dispatcher.pop_queued(), worker)
+        while (ready := self.dispatcher.take_dispatchable()) is not None:
+            self._send_to_worker(*ready)
 
     def _heartbeat_workers(self, now: float) -> None:
         for worker in self.dispatcher.expired_workers(now):
@@ -386,7 +382,7 @@ class Broker:
                 self._fail(chunk, ErrorCode.UNAVAILABLE, "no worker is live")
 
     def _update_gauges(self) -> None:
-        metrics.QUEUE_DEPTH.set(len(self.dispatcher.queue))
+        metrics.QUEUE_DEPTH.set(len(self.dispatcher.queue) + len(self.dispatcher.background_queue))
         metrics.LIVE_WORKERS.set(len(self.dispatcher.workers))
         for worker in self.dispatcher.workers.values():
             metrics.INFLIGHT_CHUNKS.labels(worker.name).set(len(worker.inflight))

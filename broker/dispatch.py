@@ -5,6 +5,11 @@ Policy: a chunk goes to the live worker that supports its task and has the fewes
 provided the chunk fits under that worker's advertised capacity (an idle worker takes any chunk);
 otherwise it waits, first in first out, in a bounded queue. A chunk held by one worker past its
 hold deadline is taken back (`take_overdue`) so the broker can give it to another.
+
+Priority: background chunks (bulk jobs) wait in a queue of their own, bounded like the online one, and
+leave it only when no online chunk waits. A worker holds at most `max_background` background chunks
+at once, and their tokens do not count against its capacity for online chunks, so background work
+never keeps an online chunk from a worker (the worker's scheduler puts online rows first in a step).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from quiver.common.protocol import Routed
+from quiver.common.protocol import PRIORITY_ONLINE, Routed
 
 
 # Identities a chunk's answer goes to at most: the frontend's sockets that sent it, latest last.
@@ -56,6 +61,10 @@ class PendingChunk:
     def num_seqs(self) -> int:
         return int(self.message.header["num_seqs"])
 
+    @property
+    def background(self) -> bool:
+        return int(self.message.header.get("priority", PRIORITY_ONLINE)) != PRIORITY_ONLINE
+
 
 @dataclass
 class WorkerState:
@@ -74,9 +83,17 @@ class WorkerState:
     inflight: dict[str, PendingChunk] = field(default_factory=dict)
 
     def fits(self, chunk: PendingChunk) -> bool:
+        """Whether the chunk fits under the capacity; for an online chunk only online tokens count."""
         if self.draining or chunk.task not in self.tasks:
             return False
-        return not self.inflight or self.outstanding_tokens + chunk.num_tokens <= self.capacity_tokens
+        if chunk.background:
+            return not self.inflight or self.outstanding_tokens + chunk.num_tokens <= self.capacity_tokens
+        online = [c.num_tokens for c in self.inflight.values() if not c.background]
+        return not online or sum(online) + chunk.num_tokens <= self.capacity_tokens
+
+    @property
+    def background_chunks(self) -> int:
+        return sum(1 for c in self.inflight.values() if c.background)
 
 
 class QueueFull(Exception):
@@ -84,12 +101,14 @@ class QueueFull(Exception):
 
 
 class Dispatcher:
-    def __init__(self, max_queued: int) -> None:
+    def __init__(self, max_queued: int, max_background: int = 4) -> None:
         self.workers: dict[bytes, WorkerState] = {}
-        self.queue: collections.deque[PendingChunk] = collections.deque()
+        self.queue: collections.deque[PendingChunk] = collections.deque()  # online chunks
+        self.background_queue: collections.deque[PendingChunk] = collections.deque()
         self.queued_ids: set[str] = set()
         self.inflight: dict[str, PendingChunk] = {}
         self.max_queued = max_queued
+        self.max_background = max_background  # background chunks one worker holds at most
 
     # workers ---------------------------------------------------------------------------------
     def add_worker(self, worker: WorkerState) -> None:
@@ -117,7 +136,8 @@ class Dispatcher:
     # chunks ----------------------------------------------------------------------------------
     def pick_worker(self, chunk: PendingChunk) -> WorkerState | None:
         """The fitting worker with the fewest outstanding tokens, one that lost this chunk before last."""
-        candidates = [w for w in self.workers.values() if w.fits(chunk)]
+        candidates = [w for w in self.workers.values() if w.fits(chunk)
+                      and not (chunk.background and w.background_chunks >= self.max_background)]
         return min(candidates, key=lambda w: (w.identity in chunk.former_workers, w.outstanding_tokens),
                    default=None)
 
@@ -128,26 +148,50 @@ class Dispatcher:
         worker.outstanding_tokens += chunk.num_tokens
         self.inflight[chunk.chunk_id] = chunk
 
+    def _queue_of(self, chunk: PendingChunk) -> collections.deque[PendingChunk]:
+        return self.background_queue if chunk.background else self.queue
+
+    def _queued(self) -> list[PendingChunk]:
+        return [*self.queue, *self.background_queue]
+
     def enqueue(self, chunk: PendingChunk, front: bool = False) -> None:
-        """Hold a chunk until a worker has room; a requeued chunk goes to the front (past the bound:
-        it was admitted once already)."""
-        if not front and len(self.queue) >= self.max_queued:
+        """Hold a chunk until a worker has room, in its priority's queue; a requeued chunk goes to the
+        front (past the bound: it was admitted once already)."""
+        queue = self._queue_of(chunk)
+        if not front and len(queue) >= self.max_queued:
             raise QueueFull
         if front:
-            self.queue.appendleft(chunk)
+            queue.appendleft(chunk)
         else:
-            self.queue.append(chunk)
+            queue.append(chunk)
         self.queued_ids.add(chunk.chunk_id)
 
     def pop_queued(self) -> PendingChunk:
-        chunk = self.queue.popleft()
+        """The first queued chunk: online ones before background ones."""
+        chunk = (self.queue or self.background_queue).popleft()
         self.queued_ids.discard(chunk.chunk_id)
         return chunk
+
+    def waits_ahead(self, chunk: PendingChunk) -> bool:
+        """Whether queued chunks go before this new one: any online chunk does, and for a background
+        chunk any background chunk too."""
+        return bool(self.queue) or (chunk.background and bool(self.background_queue))
+
+    def take_dispatchable(self) -> tuple[PendingChunk, WorkerState] | None:
+        """The next queued chunk a worker can take now, taken off its queue, with that worker: online
+        chunks first in arrival order; background ones only when no online chunk waits."""
+        queue = self.queue or self.background_queue
+        if not queue:
+            return None
+        worker = self.pick_worker(queue[0])
+        if worker is None:
+            return None
+        return self.pop_queued(), worker
 
     def find(self, chunk_id: str) -> PendingChunk | None:
         """The chunk if it is in flight or queued, else None."""
         if chunk_id in self.queued_ids:
-            return next(c for c in self.queue if c.chunk_id == chunk_id)
+            return next(c for c in self._queued() if c.chunk_id == chunk_id)
         return self.inflight.get(chunk_id)
 
     def knows(self, chunk_id: str) -> bool:
@@ -171,8 +215,8 @@ class Dispatcher:
         """Drop a chunk: from the queue (returns it, worker None) or from a worker (returns it with
         `worker` still naming who holds it, for the caller to tell)."""
         if chunk_id in self.queued_ids:
-            queued = next(c for c in self.queue if c.chunk_id == chunk_id)
-            self.queue.remove(queued)
+            queued = next(c for c in self._queued() if c.chunk_id == chunk_id)
+            self._queue_of(queued).remove(queued)
             self.queued_ids.discard(chunk_id)
             return queued
         chunk = self.inflight.get(chunk_id)
@@ -184,9 +228,9 @@ class Dispatcher:
         return chunk
 
     def take_expired_queued(self, now: float) -> list[PendingChunk]:
-        expired = [c for c in self.queue if c.deadline < now]
+        expired = [c for c in self._queued() if c.deadline < now]
         for chunk in expired:
-            self.queue.remove(chunk)
+            self._queue_of(chunk).remove(chunk)
             self.queued_ids.discard(chunk.chunk_id)
         return expired
 

@@ -71,6 +71,8 @@ class BrokerSettings(HeartbeatSettings, LoggingSettings):
                                                    "(the default allows a CPU worker on a busy host)")
     allow_insecure: bool = option(False, "allow binding a non-loopback endpoint without CurveZMQ")
     busy_poll_us: int = option(0, "after a message, poll without sleeping for this long (lower latency, more CPU)")
+    max_background_chunks: int = option(4, "background (bulk job) chunks one worker holds at once; online chunks "
+                                           "always go first")
 
 
 @dataclass
@@ -92,6 +94,8 @@ class WorkerSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     cluster_secret_file: str = option("", "file holding the broker's cluster secret (or set QUIVER_CLUSTER_SECRET)")
     metrics_port: int = option(0, "port of the worker's Prometheus /metrics (0: none)")
     metrics_host: str = option("127.0.0.1", "address the worker's /metrics binds")
+    background_step_tokens: int = option(0, "background (bulk job) tokens in one forward pass while online work is "
+                                            "about (0: a sixteenth of max_batch_tokens)")
 
 
 @dataclass

@@ -88,7 +88,7 @@ def run_worker(settings: WorkerSettings) -> int:
     outbox.connect(outbox_endpoint)
     scheduler = Scheduler(with_injected_faults(engine), send=lambda message: send(outbox, message),
                           worker_name=name, max_batch_tokens=info.max_batch_tokens,
-                          max_batch_seqs=info.max_batch_seqs)
+                          max_batch_seqs=info.max_batch_seqs, background_step_tokens=settings.background_step_tokens)
     inbox: queue.Queue = queue.Queue()
     link = BrokerLink(ctx, settings, ready, inbox, outbox_endpoint, stalled_for=scheduler.stalled_for)
     link.start()

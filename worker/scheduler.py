@@ -5,6 +5,12 @@ budget and the sequence cap (a single sequence longer than the budget runs alone
 sequences left after a step goes to the back of the queue (round robin), so a request arriving while a
 long one is being worked through is held by at most one step of it, and the long one is never starved.
 
+Priority: online rows go first in every step, background rows (bulk jobs) after them. While online
+work has been seen in the last ONLINE_RECENT_S, a step takes at most `background_step_tokens` of
+background rows (at least one sequence, so a bulk job always moves): an online request that arrives
+while a background step runs waits for that short step only. Without recent online work, background
+rows fill the whole budget.
+
 One step runs on the device at a time. While it runs the scheduler does the CPU side of the step before
 (scatter the rows, answer finished chunks) and collects arrivals; it waits on the running step's event and
 then launches everything that is waiting as the next step, so that under load a step takes all waiting
@@ -26,7 +32,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import numpy as np
 
 from quiver.common.model_info import KIND_SPARSE, tasks_for_kind
-from quiver.common.protocol import Cancel, Chunk, Error, ErrorCode, Message, Result
+from quiver.common.protocol import PRIORITY_ONLINE, Cancel, Chunk, Error, ErrorCode, Message, Result
 from quiver.worker import metrics
 from quiver.worker.engine.batch import Batch
 from quiver.worker.host_memory import TRIM_EVERY_STEPS, release_free_memory
@@ -35,6 +41,8 @@ log = logging.getLogger("quiver.worker.scheduler")
 
 
 IDLE_POLL_S = 0.1  # an idle loop wakes this often (for the stop flag and the watchdog)
+ONLINE_RECENT_S = 2.0  # background rows stay in short steps this long after online work was last seen
+BACKGROUND_STEP_SHARE = 16  # default background tokens in a step: this fraction of the token budget
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -73,6 +81,10 @@ class ChunkJob:
     inference_s: float = 0.0
     closed: bool = False  # answered, failed or cancelled: its remaining sequences are skipped
 
+    @property
+    def background(self) -> bool:
+        return self.chunk.priority != PRIORITY_ONLINE
+
 
 @dataclass(eq=False)
 class SequenceRef:
@@ -93,7 +105,7 @@ class InFlightBatch:
 
 class Scheduler:
     def __init__(self, engine: StepEngine, send: Callable[[Message], None], worker_name: str,
-                 max_batch_tokens: int, max_batch_seqs: int) -> None:
+                 max_batch_tokens: int, max_batch_seqs: int, background_step_tokens: int = 0) -> None:
         self.engine = engine
         self.tasks = tasks_for_kind(engine.info.model.kind)
         self.sparse_results = engine.info.model.kind == KIND_SPARSE  # SPLADE rows travel as their non-zeros
@@ -101,6 +113,8 @@ class Scheduler:
         self.worker_name = worker_name
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_seqs = max_batch_seqs
+        self.background_step_tokens = background_step_tokens or max(1, max_batch_tokens // BACKGROUND_STEP_SHARE)
+        self.online_seen = float("-inf")  # when an online chunk last arrived or waited
         model = engine.info.model
         self.vocab_size = model.vocab_size
         self.max_seq_len = model.max_input_length
@@ -132,6 +146,8 @@ class Scheduler:
         np.cumsum(message.seq_lens, out=offsets[1:])
         job = ChunkJob(chunk=message, received=now, deadline=now + message.timeout_s,
                        offsets=offsets, rows_left=message.num_seqs)
+        if not job.background:
+            self.online_seen = now
         self.jobs[message.chunk_id] = job
         self.waiting.append(job)
         self.waiting_seqs += message.num_seqs
@@ -149,12 +165,16 @@ class Scheduler:
 
     # batching ----------------------------------------------------------------------------------
     def next_batch(self) -> tuple[Batch, list[SequenceRef]] | None:
-        """Take sequences up to the budgets in queue order; None when nothing waits."""
+        """Take sequences up to the budgets in queue order, online chunks first; None when nothing waits."""
         refs: list[SequenceRef] = []
-        tokens = 0
+        tokens = background_tokens = 0
         now = time.monotonic()
+        if any(not job.background and not job.closed for job in self.waiting):
+            self.online_seen = now
+        recent = now - self.online_seen < ONLINE_RECENT_S
+        background_cap = self.background_step_tokens if recent else self.max_batch_tokens
         full = False
-        for job in self.waiting:
+        for job in sorted(self.waiting, key=lambda waiting: waiting.background):  # stable: arrival order within
             if full:
                 break
             if job.closed:
@@ -168,8 +188,12 @@ class Scheduler:
                 if len(refs) >= self.max_batch_seqs or (refs and tokens + length > self.max_batch_tokens):
                     full = True
                     break
+                if job.background and background_tokens and background_tokens + length > background_cap:
+                    full = True  # only background rows are left, and their share of the step is taken
+                    break
                 refs.append(SequenceRef(job, job.next_row))
                 tokens += length
+                background_tokens += length if job.background else 0
                 job.next_row += 1
                 if job.started is None:
                     job.started = now

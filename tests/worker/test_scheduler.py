@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from quiver.common.model_info import default_model_dir
-from quiver.common.protocol import Cancel, Chunk, Error, Message, Result
+from quiver.common.protocol import PRIORITY_BACKGROUND, Cancel, Chunk, Error, Message, Result
 from quiver.worker.engine import Batch, Engine, load_engine
 from quiver.worker.faults import FaultyEngine
-from quiver.worker.scheduler import Scheduler, StepEngine
+from quiver.worker.scheduler import ONLINE_RECENT_S, Scheduler, StepEngine
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +135,29 @@ def test_the_loop_runs_everything_waiting_as_one_step_and_answers_each_chunk(eng
     for chunk in chunks:
         np.testing.assert_allclose(results[chunk.chunk_id].values, _expected(engine, chunk), atol=1e-4)
         assert results[chunk.chunk_id].inference_s >= 0 and results[chunk.chunk_id].queue_s >= 0
+
+
+def test_online_rows_go_first_and_background_rows_take_a_short_share_while_online_work_is_about(
+        engine: Engine) -> None:
+    sent: list[Message] = []
+    scheduler = Scheduler(engine, send=sent.append, worker_name="test", max_batch_tokens=100, max_batch_seqs=16,
+                          background_step_tokens=20)
+    bulk = _chunk("bulk", [10] * 12, seed=1)
+    bulk.priority = PRIORITY_BACKGROUND
+    scheduler.accept(bulk)
+    scheduler.accept(_chunk("online", [10, 10], seed=2))
+
+    def step() -> list[tuple[str, int]]:
+        picked = scheduler.next_batch()
+        assert picked is not None
+        scheduler.finish(scheduler.launch(*picked))
+        return [(ref.job.chunk.chunk_id, ref.row) for ref in picked[1]]
+
+    assert step() == [("online", 0), ("online", 1), ("bulk", 0), ("bulk", 1)]  # online first, though later
+    assert step() == [("bulk", 2), ("bulk", 3)]  # online work was just here: background steps stay short
+    scheduler.online_seen -= ONLINE_RECENT_S  # ... until none has been seen for a while: the whole budget
+    assert step() == [("bulk", row) for row in range(4, 12)]
+    answers = {m.chunk_id: m for m in sent if isinstance(m, Result)}
+    assert set(answers) == {"online", "bulk"}
+    for chunk in (bulk, _chunk("online", [10, 10], seed=2)):
+        np.testing.assert_allclose(answers[chunk.chunk_id].values, _expected(engine, chunk), atol=1e-5)
