@@ -27,6 +27,7 @@ from quiver.common.config import FrontendSettings
 from quiver.frontend import metrics
 from quiver.frontend.admission import CURRENT_TICKET, Ticket, estimated_tokens
 from quiver.frontend.errors import OPENAI, APIError, render
+from quiver.frontend.pipeline import CURRENT_PRIORITY, PRIORITY_HEADER, requested_priority
 from quiver.frontend.service import Service
 
 log = logging.getLogger("quiver.frontend")
@@ -219,6 +220,7 @@ def endpoint(spec: RouteSpec, service: Service, settings: FrontendSettings) -> C
                                headers={"WWW-Authenticate": "Bearer"})
             body = None
             if spec.request is not None or spec.request_schema is not None:
+                CURRENT_PRIORITY.set(requested_priority(request.headers.get(PRIORITY_HEADER)))
                 check_content_type(request)
                 limit = settings.max_body_bytes
                 declared = declared_length(request)

@@ -42,7 +42,9 @@ log = logging.getLogger("quiver.worker.scheduler")
 
 IDLE_POLL_S = 0.1  # an idle loop wakes this often (for the stop flag and the watchdog)
 ONLINE_RECENT_S = 2.0  # background rows stay in short steps this long after online work was last seen
-BACKGROUND_STEP_SHARE = 16  # default background tokens in a step: this fraction of the token budget
+# Background tokens in a step while online work is about, by device type: on a GPU a step this size
+# costs little more than the smallest step; a CPU's step time grows with every token.
+DEFAULT_BACKGROUND_STEP_TOKENS = {"cuda": 512, "cpu": 64}
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -113,7 +115,8 @@ class Scheduler:
         self.worker_name = worker_name
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_seqs = max_batch_seqs
-        self.background_step_tokens = background_step_tokens or max(1, max_batch_tokens // BACKGROUND_STEP_SHARE)
+        device_type = str(engine.info.device).partition(":")[0]
+        self.background_step_tokens = background_step_tokens or DEFAULT_BACKGROUND_STEP_TOKENS.get(device_type, 64)
         self.online_seen = float("-inf")  # when an online chunk last arrived or waited
         model = engine.info.model
         self.vocab_size = model.vocab_size
