@@ -121,6 +121,8 @@ def start_batch(url: str, texts: list[str], count: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default="http://127.0.0.1:8080")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="the server's checkpoint, for its tokenizer (default: the packaged model)")
     parser.add_argument("--texts", type=int, default=4000, help="texts in the throughput corpus")
     parser.add_argument("--max-length", type=int, default=128, help="longest corpus text, in tokens (shortest: 8)")
     parser.add_argument("--rounds", type=int, default=3,
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.set_defaults(texts=400, rounds=1, online_requests=200, batch_lines=3000)
         args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    tokenizer = load_model_info(default_model_dir()).tokenizer_path
+    tokenizer = load_model_info(args.model or default_model_dir()).tokenizer_path
     texts = TokenCorpus(tokenizer).mixed_texts(args.texts, 8, args.max_length)
     results: dict[str, Any] = {"url": args.url, "texts": args.texts, "max_length": args.max_length,
                                "clients": CLIENTS, "batch": BATCH, "online_clients": args.online_clients,
