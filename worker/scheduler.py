@@ -9,7 +9,8 @@ Priority: online rows go first in every step, background rows (bulk jobs) after 
 work has been seen in the last ONLINE_RECENT_S, a step takes at most `background_step_tokens` of
 background rows (at least one sequence, so a bulk job always moves): an online request that arrives
 while a background step runs waits for that short step only. Without recent online work, background
-rows fill the whole budget.
+rows take QUIET_BACKGROUND_FACTOR times as many, enough for the device's throughput, but not the whole
+budget: the first online request after a quiet spell then waits for a step of moderate size.
 
 One step runs on the device at a time. While it runs the scheduler does the CPU side of the step before
 (scatter the rows, answer finished chunks) and collects arrivals; it waits on the running step's event and
@@ -42,6 +43,7 @@ log = logging.getLogger("quiver.worker.scheduler")
 
 IDLE_POLL_S = 0.1  # an idle loop wakes this often (for the stop flag and the watchdog)
 ONLINE_RECENT_S = 2.0  # background rows stay in short steps this long after online work was last seen
+QUIET_BACKGROUND_FACTOR = 8  # then they take this many times background_step_tokens
 # Background tokens in a step while online work is about, by device type: on a GPU a step this size
 # costs little more than the smallest step; a CPU's step time grows with every token.
 DEFAULT_BACKGROUND_STEP_TOKENS = {"cuda": 512, "cpu": 64}
@@ -175,7 +177,7 @@ class Scheduler:
         if any(not job.background and not job.closed for job in self.waiting):
             self.online_seen = now
         recent = now - self.online_seen < ONLINE_RECENT_S
-        background_cap = self.background_step_tokens if recent else self.max_batch_tokens
+        background_cap = self.background_step_tokens * (1 if recent else QUIET_BACKGROUND_FACTOR)
         full = False
         for job in sorted(self.waiting, key=lambda waiting: waiting.background):  # stable: arrival order within
             if full:
