@@ -65,3 +65,17 @@ def test_the_job_gives_every_custom_id_once_with_the_online_vectors(server, clie
     assert batch.error_file_id is None
     outputs = [json.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines()]
     check_job_output(server, outputs, LINES)
+
+
+def test_a_request_may_ask_for_background_priority_and_nothing_else(server):
+    text = {"input": "a request that can wait for online ones"}
+    online = httpx.post(server + "/v1/embeddings", json=text, timeout=60)
+    background = httpx.post(server + "/v1/embeddings", json=text, headers={"X-Quiver-Priority": "background"},
+                            timeout=60)
+    assert online.status_code == background.status_code == 200, background.text
+    a, b = (np.asarray(r.json()["data"][0]["embedding"]) for r in (online, background))
+    assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) >= 0.9999
+    refused = httpx.post(server + "/v1/embeddings", json=text, headers={"X-Quiver-Priority": "urgent"}, timeout=60)
+    assert refused.status_code == 400 and "X-Quiver-Priority" in refused.json()["error"]["message"]
+    metrics = httpx.get(server + "/metrics").text
+    assert 'quiver_request_failures_total{reason="invalid_request",route="/v1/embeddings"}' in metrics
