@@ -73,7 +73,7 @@ class Broker:
             sock.bind(endpoint)
         self.instance_id = secrets.token_hex(8)
         self.models = ModelGuard()
-        self.dispatcher = Dispatcher(settings.max_queued_chunks)
+        self.dispatcher = Dispatcher(settings.max_queued_chunks, settings.max_background_chunks)
         self.refusals = metrics.Refusals()
         self.running = True
         self.next_heartbeat = 0.0
@@ -236,7 +236,7 @@ class Broker:
 
     def _submit(self, chunk: PendingChunk) -> None:
         """Send a new chunk to a worker now, or queue it; answer 'overloaded' when the queue is full."""
-        if not self.dispatcher.has_waiting(chunk.model):
+        if not self.dispatcher.waits_ahead(chunk):
             worker = self.dispatcher.pick_worker(chunk)
             if worker is not None:
                 self._send_to_worker(chunk, worker, as_received=True)
@@ -391,12 +391,8 @@ class Broker:
         counter.inc()
 
     def _dispatch_queued(self) -> None:
-        while self.dispatcher.queued:
-            ready = self.dispatcher.next_dispatch()
-            if ready is None:
-                return
-            chunk, worker = ready
-            self._send_to_worker(self.dispatcher.pop_queued(chunk.model), worker)
+        while (ready := self.dispatcher.take_dispatchable()) is not None:
+            self._send_to_worker(*ready)
 
     def _heartbeat_workers(self, now: float) -> None:
         for worker in self.dispatcher.expired_workers(now):

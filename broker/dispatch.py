@@ -6,15 +6,22 @@ none goes to any worker) that supports its task and has the fewest outstanding t
 chunk fits under that worker's advertised capacity (an idle worker takes any chunk); otherwise it
 waits in its model's pool, first in first out. The pools share one bound on waiting chunks. A chunk held by one worker past its
 hold deadline is taken back (`take_overdue`) so the broker can give it to another.
+
+Priority: within each pool, background chunks (bulk jobs) wait behind every online chunk, and across
+pools an online head goes before any background head. Each priority has its own bound, so a full
+background queue never refuses an online chunk. A worker holds at most `max_background` background
+chunks at once, and their tokens do not count against its capacity for online chunks, so background
+work never keeps an online chunk from a worker (the worker's scheduler puts online rows first in a step).
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from quiver.common.protocol import Routed
+from quiver.common.protocol import PRIORITY_ONLINE, Routed
 
 
 # Identities a chunk's answer goes to at most: the frontend's sockets that sent it, latest last.
@@ -65,6 +72,10 @@ class PendingChunk:
     def num_seqs(self) -> int:
         return int(self.message.header["num_seqs"])
 
+    @property
+    def background(self) -> bool:
+        return int(self.message.header.get("priority", PRIORITY_ONLINE)) != PRIORITY_ONLINE
+
 
 @dataclass
 class WorkerState:
@@ -87,9 +98,17 @@ class WorkerState:
         return not model or model == self.fingerprint
 
     def fits(self, chunk: PendingChunk) -> bool:
+        """Whether the chunk fits under the capacity; for an online chunk only online tokens count."""
         if self.draining or chunk.task not in self.tasks or not self.serves(chunk.model):
             return False
-        return not self.inflight or self.outstanding_tokens + chunk.num_tokens <= self.capacity_tokens
+        if chunk.background:
+            return not self.inflight or self.outstanding_tokens + chunk.num_tokens <= self.capacity_tokens
+        online = [c.num_tokens for c in self.inflight.values() if not c.background]
+        return not online or sum(online) + chunk.num_tokens <= self.capacity_tokens
+
+    @property
+    def background_chunks(self) -> int:
+        return sum(1 for c in self.inflight.values() if c.background)
 
 
 class QueueFull(Exception):
@@ -98,51 +117,59 @@ class QueueFull(Exception):
 
 @dataclass
 class ModelPool:
-    """The chunks waiting for a worker of one model, in the order they are to be dispatched: first in
-    first out, a requeued chunk at the front. The order lives here alone (push, head, pop, remove,
-    take), so another order within a model's pool changes this class and nothing around it."""
+    """The chunks waiting for a worker of one model, in the order they are to be dispatched: online
+    chunks before background ones, each first in first out, a requeued chunk at the front of its
+    priority. The order lives here alone (push, head, pop, remove, take)."""
 
     model: str
-    waiting: collections.deque[PendingChunk] = field(default_factory=collections.deque)
+    online: collections.deque[PendingChunk] = field(default_factory=collections.deque)
+    background: collections.deque[PendingChunk] = field(default_factory=collections.deque)
 
     def __len__(self) -> int:
-        return len(self.waiting)
+        return len(self.online) + len(self.background)
 
     def __iter__(self) -> Iterator[PendingChunk]:
-        return iter(self.waiting)
+        return itertools.chain(self.online, self.background)
+
+    def _queue_of(self, chunk: PendingChunk) -> collections.deque[PendingChunk]:
+        return self.background if chunk.background else self.online
 
     def push(self, chunk: PendingChunk, front: bool = False) -> None:
         if front:
-            self.waiting.appendleft(chunk)
+            self._queue_of(chunk).appendleft(chunk)
         else:
-            self.waiting.append(chunk)
+            self._queue_of(chunk).append(chunk)
 
-    def head(self) -> PendingChunk | None:
-        """The chunk to dispatch next, left in the pool."""
-        return self.waiting[0] if self.waiting else None
+    def waits_ahead(self, chunk: PendingChunk) -> bool:
+        """Whether waiting chunks go before this new one: any online chunk does, and for a background
+        chunk any background chunk too."""
+        return bool(self.online) or (chunk.background and bool(self.background))
 
-    def pop(self) -> PendingChunk:
-        return self.waiting.popleft()
+    def head(self, background: bool) -> PendingChunk | None:
+        """The chunk of that priority to dispatch next, left in the pool."""
+        queue = self.background if background else self.online
+        return queue[0] if queue else None
 
     def remove(self, chunk: PendingChunk) -> None:
-        self.waiting.remove(chunk)
+        self._queue_of(chunk).remove(chunk)
 
     def take(self, condition: Callable[[PendingChunk], bool]) -> list[PendingChunk]:
         """Take out and return the chunks that meet `condition`."""
-        taken = [c for c in self.waiting if condition(c)]
+        taken = [c for c in self if condition(c)]
         for chunk in taken:
-            self.waiting.remove(chunk)
+            self.remove(chunk)
         return taken
 
 
 class Dispatcher:
-    def __init__(self, max_queued: int) -> None:
+    def __init__(self, max_queued: int, max_background: int = 4) -> None:
         self.workers: dict[bytes, WorkerState] = {}
         # Waiting chunks by the model they name; a pool exists while it holds a chunk.
         self.pools: dict[str, ModelPool] = {}
         self.queued: dict[str, PendingChunk] = {}
         self.inflight: dict[str, PendingChunk] = {}
-        self.max_queued = max_queued
+        self.max_queued = max_queued  # waiting chunks of each priority, over all pools
+        self.max_background = max_background  # background chunks one worker holds at most
 
     @property
     def queued_ids(self) -> set[str]:
@@ -183,7 +210,8 @@ class Dispatcher:
     # chunks ----------------------------------------------------------------------------------
     def pick_worker(self, chunk: PendingChunk) -> WorkerState | None:
         """The fitting worker with the fewest outstanding tokens, one that lost this chunk before last."""
-        candidates = [w for w in self.workers.values() if w.fits(chunk)]
+        candidates = [w for w in self.workers.values() if w.fits(chunk)
+                      and not (chunk.background and w.background_chunks >= self.max_background)]
         return min(candidates, key=lambda w: (w.identity in chunk.former_workers, w.outstanding_tokens),
                    default=None)
 
@@ -197,7 +225,7 @@ class Dispatcher:
     def enqueue(self, chunk: PendingChunk, front: bool = False, now: float = 0.0) -> None:
         """Hold a chunk in its model's pool until a worker has room; a requeued chunk goes to the front
         (past the bound: it was admitted once already). `now` is when it began to wait."""
-        if not front and len(self.queued) >= self.max_queued:
+        if not front and sum(1 for c in self.queued.values() if c.background == chunk.background) >= self.max_queued:
             raise QueueFull
         pool = self.pools.get(chunk.model)
         if pool is None:
@@ -206,25 +234,24 @@ class Dispatcher:
         chunk.queued_at = now
         self.queued[chunk.chunk_id] = chunk
 
-    def has_waiting(self, model: str) -> bool:
-        return model in self.pools
+    def waits_ahead(self, chunk: PendingChunk) -> bool:
+        """Whether waiting chunks of its model go before this new one (see ModelPool.waits_ahead)."""
+        pool = self.pools.get(chunk.model)
+        return pool is not None and pool.waits_ahead(chunk)
 
-    def next_dispatch(self) -> tuple[PendingChunk, WorkerState] | None:
-        """The head chunk of some pool with a worker that fits it now, or None: each pool waits on its
-        own head, so a model without a free worker holds back no other model."""
-        for pool in self.pools.values():
-            chunk = pool.head()
-            worker = self.pick_worker(chunk) if chunk is not None else None
-            if chunk is not None and worker is not None:
-                return chunk, worker
+    def take_dispatchable(self) -> tuple[PendingChunk, WorkerState] | None:
+        """The next waiting chunk a worker can take now, taken out of its pool, with that worker; None
+        when there is none. Online heads of every pool go before any background head; each pool waits
+        on its own heads, so a model without a free worker holds back no other model."""
+        for background in (False, True):
+            for pool in list(self.pools.values()):
+                chunk = pool.head(background)
+                worker = self.pick_worker(chunk) if chunk is not None else None
+                if chunk is not None and worker is not None:
+                    pool.remove(chunk)
+                    self._forget_queued(pool, chunk)
+                    return chunk, worker
         return None
-
-    def pop_queued(self, model: str = "") -> PendingChunk:
-        """The next chunk of `model`'s pool, taken out of it."""
-        pool = self.pools[model]
-        chunk = pool.pop()
-        self._forget_queued(pool, chunk)
-        return chunk
 
     def _forget_queued(self, pool: ModelPool, chunk: PendingChunk) -> None:
         self.queued.pop(chunk.chunk_id, None)

@@ -76,6 +76,8 @@ class BrokerSettings(HeartbeatSettings, LoggingSettings):
     busy_poll_us: int = option(0, "after a message, poll without sleeping for this long (lower latency, more CPU)")
     model_wait_s: float = option(30.0, "a chunk for a model no live worker serves waits this long for one "
                                        "(say, while its worker restarts), then fails (503)")
+    max_background_chunks: int = option(4, "background (bulk job) chunks one worker holds at once; online chunks "
+                                           "always go first")
 
 
 @dataclass
@@ -103,6 +105,8 @@ class WorkerSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
                                     "http://localhost:4318 (POST .../v1/traces; needs the otel extra; default: off)")
     otlp_service_name: str = option("", "OpenTelemetry: service.name of the traces (default: quiver-frontend for "
                                         "the frontend, quiver-worker for workers)")
+    background_step_tokens: int = option(0, "background (bulk job) tokens in one forward pass while online work is "
+                                            "about (0: 512 on a GPU, 64 on a CPU)")
 
 
 @dataclass

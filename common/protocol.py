@@ -77,6 +77,10 @@ TASK_CLASSIFY = "classify"
 TASK_TOKENS = "tokens"
 TASKS = (TASK_EMBED, TASK_SCORE, TASK_CLASSIFY, TASK_TOKENS)
 
+# A chunk's priority: online requests go before background (bulk) work at the broker and in each step.
+PRIORITY_ONLINE = 0
+PRIORITY_BACKGROUND = 1
+
 
 def _check_str(name: str, value: Any, limit: int = MAX_ID_CHARS) -> None:
     if not isinstance(value, str) or len(value) > limit:
@@ -247,7 +251,7 @@ class Chunk(Message):
     """Some sequences of one request, to be run as a unit. Idempotent: safe to run twice.
 
     Arrays: input_ids int32 [sum(seq_lens)], seq_lens int32 [num_seqs], and token_type_ids int32
-    [sum(seq_lens)] when has_token_types.
+    [sum(seq_lens)] when has_token_types. `priority` is PRIORITY_ONLINE or PRIORITY_BACKGROUND (bulk jobs).
     """
 
     TYPE: ClassVar[MsgType] = MsgType.CHUNK
@@ -260,6 +264,7 @@ class Chunk(Message):
     has_token_types: bool = False
     attempt: int = 0
     model: str = ""  # the fingerprint of the model to run it; '' for whichever the workers serve
+    priority: int = PRIORITY_ONLINE
     input_ids: np.ndarray = field(kw_only=True, repr=False)
     seq_lens: np.ndarray = field(kw_only=True, repr=False)
     token_type_ids: np.ndarray | None = field(default=None, repr=False)
@@ -268,7 +273,10 @@ class Chunk(Message):
     ARRAY_FIELDS: ClassVar[tuple[str, ...]] = ("input_ids", "seq_lens", "token_type_ids")
 
     def header(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.ARRAY_FIELDS}
+        header = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.ARRAY_FIELDS}
+        if self.priority == PRIORITY_ONLINE:
+            del header["priority"]  # an online chunk's header is what it was before priorities existed
+        return header
 
     def arrays(self) -> list[bytes | memoryview]:
         frames: list[bytes | memoryview] = [_as_frame(self.input_ids, np.int32), _as_frame(self.seq_lens, np.int32)]
@@ -289,6 +297,7 @@ class Chunk(Message):
         _check_int("attempt", h.get("attempt", 0), 0, 1000)
         _check_str("model", h.get("model", ""))
         _check_str("traceparent", h.get("traceparent", ""), MAX_TRACEPARENT_CHARS)
+        _check_int("priority", h.get("priority", PRIORITY_ONLINE), PRIORITY_ONLINE, PRIORITY_BACKGROUND)
 
     @classmethod
     def from_parts(cls, header: dict[str, Any], arrays: Sequence[bytes | memoryview]) -> Chunk:

@@ -28,6 +28,7 @@ from quiver.frontend import metrics
 from quiver.frontend.admission import CURRENT_TICKET, Ticket, estimated_tokens
 from quiver.frontend.errors import OPENAI, APIError, render
 from quiver.frontend.models import ModelRegistry
+from quiver.frontend.pipeline import CURRENT_PRIORITY, PRIORITY_HEADER, requested_priority
 from quiver.frontend.service import Service
 from quiver.frontend.tracing import UNTRACED_PATHS, RequestTracer
 
@@ -236,6 +237,7 @@ def endpoint(spec: RouteSpec, models: ModelRegistry, settings: FrontendSettings,
                                headers={"WWW-Authenticate": "Bearer"})
             body = None
             if spec.request is not None or spec.request_schema is not None:
+                CURRENT_PRIORITY.set(requested_priority(request.headers.get(PRIORITY_HEADER)))
                 check_content_type(request)
                 limit = settings.max_body_bytes
                 declared = declared_length(request)

@@ -2,19 +2,22 @@
 
 A request's sequences are cut into contiguous chunks bounded by tokens and by sequence count, so
 that one large request spreads over every worker. The chunks go out at once and are awaited
-together under the request's deadline; the first failure cancels the rest.
+together under the request's deadline; the first failure cancels the rest. Chunks carry the priority
+in CURRENT_PRIORITY: online unless the batch runner, or a request's X-Quiver-Priority header, says
+background.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from quiver.common.config import FrontendSettings
-from quiver.common.protocol import Chunk, ErrorCode, Result
+from quiver.common.protocol import PRIORITY_BACKGROUND, PRIORITY_ONLINE, Chunk, ErrorCode, Result
 from quiver.frontend import metrics
 from quiver.frontend.admission import CURRENT_TICKET, RETRY_AFTER_S, Admission
 from quiver.frontend.broker_client import BrokerClient, ChunkFailed
@@ -29,6 +32,25 @@ CHUNK_ERRORS = {
     ErrorCode.EXPIRED.value: "timeout",
     ErrorCode.INTERNAL.value: "internal",
 }
+
+
+# The priority of the chunks the current task sends (set by the request prologue and the batch runner).
+CURRENT_PRIORITY: contextvars.ContextVar[int] = contextvars.ContextVar("quiver_priority", default=PRIORITY_ONLINE)
+PRIORITY_HEADER = "x-quiver-priority"
+PRIORITY_NAMES = {"online": PRIORITY_ONLINE, "background": PRIORITY_BACKGROUND}
+
+
+def requested_priority(value: str | None) -> int:
+    """The priority a request's X-Quiver-Priority header asks for: online (the default) or background.
+
+    Any caller may ask for background: it only lowers its own work below everyone's online requests."""
+    if value is None:
+        return PRIORITY_ONLINE
+    priority = PRIORITY_NAMES.get(value.strip().lower())
+    if priority is None:
+        raise APIError("invalid_request", f"the X-Quiver-Priority header must be 'online' or 'background', "
+                                          f"not {value[:40]!r}")
+    return priority
 
 
 @dataclass
@@ -99,12 +121,13 @@ class Pipeline:
         np.cumsum(seqs.seq_lens, out=offsets[1:])
         chunks = []
         traceparent = current_traceparent()
+        priority = CURRENT_PRIORITY.get()
         for start, end in split_ranges(seqs.seq_lens, self.settings.max_chunk_tokens, self.settings.max_chunk_seqs):
             lo, hi = int(offsets[start]), int(offsets[end])
             types = seqs.token_type_ids[lo:hi] if seqs.token_type_ids is not None else None
             chunks.append(Chunk(
                 chunk_id=self.client.new_chunk_id(), task=task, num_seqs=end - start, num_tokens=hi - lo,
-                normalize=normalize, timeout_s=timeout_s, has_token_types=types is not None,
+                normalize=normalize, timeout_s=timeout_s, has_token_types=types is not None, priority=priority,
                 model=self.model_fingerprint, input_ids=seqs.input_ids[lo:hi], seq_lens=seqs.seq_lens[start:end],
                 token_type_ids=types, traceparent=traceparent,
             ))

@@ -82,7 +82,9 @@ class Job:
         done = self.parts.begin(self._describe(), self.args.resume)
         size = self.args.part_size
         already = sum(min(size, count - i * size) for i in done if i * size < count)
-        headers = {"Authorization": f"Bearer {self.args.api_key}"} if self.args.api_key else {}
+        headers = {"X-Quiver-Priority": self.args.priority}
+        if self.args.api_key:
+            headers["Authorization"] = f"Bearer {self.args.api_key}"
         limits = httpx.Limits(max_connections=self.args.concurrency, max_keepalive_connections=self.args.concurrency)
         with tqdm(total=count, initial=already, unit="text", disable=self.args.no_progress, smoothing=0.1) as bar:
             async with httpx.AsyncClient(base_url=self.url, headers=headers, timeout=120.0, limits=limits) as http:

@@ -41,6 +41,8 @@ def add_embed_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="texts per request")
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight")
     parser.add_argument("--part-size", type=int, default=4096, help="texts per committed part")
+    parser.add_argument("--priority", choices=("background", "online"), default="background",
+                        help="background (default): the server runs online requests first; online: as one of them")
     parser.add_argument("--resume", action="store_true", help="continue the job whose parts are in OUTPUT.parts/")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--model", default="", help="embedded server only: checkpoint directory")

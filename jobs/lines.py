@@ -6,6 +6,9 @@ POST /v1/embeddings) and then sent to the workers together, in pipeline runs bou
 a part of short lines costs a few large chunks rather than many small ones. Scoring lines
 (/v1/rerank, /score) each go through Service.score. Failures of the serving path itself (no worker,
 overloaded, deadline) are not the line's fault: they raise Transient and the part is run again later.
+
+The per-line work runs on the frontend's event loop, beside online requests: it calls `pace()` before
+each line, which lets it go on only in short slices (see Runner._pace).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ TRANSIENT_REASONS = frozenset({"overloaded", "unavailable", "timeout", "internal
 # Reserve(tokens) waits until the runner may put that many more tokens in flight; Release(tokens) frees them.
 Reserve = Callable[[int], Awaitable[None]]
 Release = Callable[[int], None]
+Pace = Callable[[], Awaitable[None]]  # returns when the runner may spend the event loop on one more line
 
 
 class Transient(Exception):
@@ -117,10 +121,11 @@ def concatenate(parts: list[Sequences]) -> Sequences:
 class PartRunner:
     """Executes the lines of one part against a Service, within the runner's token reservations."""
 
-    def __init__(self, service: Service, reserve: Reserve, release: Release, run_tokens: int) -> None:
+    def __init__(self, service: Service, reserve: Reserve, release: Release, run_tokens: int, pace: Pace) -> None:
         self.service = service
         self.reserve = reserve
         self.release = release
+        self.pace = pace
         self.run_tokens = run_tokens
         self.last_attempt = False  # set: serving-path failures fail their lines instead of raising Transient
 
@@ -139,6 +144,7 @@ class PartRunner:
         accepted: list[tuple[Line, EmbeddingRequest, Sequences]] = []
         for line in lines:
             assert line.custom_id is not None
+            await self.pace()
             try:
                 req: EmbeddingRequest = parse(EmbeddingRequest, line.body, OPENAI)
                 service.check_model(req.model)
@@ -181,6 +187,7 @@ class PartRunner:
             self.release(seqs.num_tokens)
         results, start = {}, 0
         for line, req, line_seqs in group:
+            await self.pace()
             own = matryoshka(rows[start:start + line_seqs.num_seqs], req.dimensions, normalize)
             start += line_seqs.num_seqs
             data = [{"object": "embedding", "index": i, "embedding": value}
@@ -193,6 +200,7 @@ class PartRunner:
     async def _score(self, endpoint: str, line: Line) -> ResultLine:
         assert line.custom_id is not None
         service = self.service
+        await self.pace()
         try:
             if endpoint == "/v1/rerank":
                 rerank: CohereRerankRequest = parse(CohereRerankRequest, line.body, OPENAI)

@@ -6,12 +6,15 @@ kill -9) the lease runs out after LEASE_TTL_S and another process, or the restar
 A part's results and the batch's cursor are committed in one transaction that first checks the
 cursor has not moved, so a runner that lost its lease midway cannot write a line twice.
 
-Priority: the runner's lines go through the same Pipeline as online requests, but the runner keeps
+Priority: the runner's lines go through the same Pipeline as online requests, as background chunks
+(CURRENT_PRIORITY): the broker dispatches them after every waiting online chunk and the workers run
+their rows after online rows, in short steps while online work is about. The runner itself keeps
 only about INFLIGHT_TARGET_S of work in flight, in runs of about RUN_TARGET_S, measured by its own
-rate (and never more than --batch-inflight-tokens, in runs of --batch-run-tokens), and starts a run
-only once this process's online requests have left the pipeline for ONLINE_QUIET_S; under steady
-online load it still starts one run every MAX_YIELD_S, so a batch always progresses. It sees only its
-own process's online requests: with several HTTP processes the others' traffic does not slow it.
+rate (and never more than --batch-inflight-tokens, in runs of --batch-run-tokens), so that few of its
+chunks wait anywhere and a cancelled or expired batch stops quickly. Its own CPU work on the frontend's
+event loop (parsing, tokenizing, writing result lines) goes in slices of at most SLICE_S, and while
+online requests are in flight each slice is followed by a pause of ONLINE_PAUSE_S: an online request
+waits behind at most one slice at each of its turns on the event loop.
 
 Batches move validating → in_progress → finalizing → completed, or → failed (input file gone or
 too many lines), cancelling → cancelled, expired (past the completion window, with what was done).
@@ -29,6 +32,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from quiver.common.protocol import PRIORITY_BACKGROUND
+from quiver.frontend.pipeline import CURRENT_PRIORITY
 from quiver.frontend.service import Service
 from quiver.jobs.lines import Line, PartRunner, Transient, parse_line
 from quiver.jobs.store import AsyncStore, ResultLine, Store, StoreFull, derived_file_id
@@ -41,9 +46,9 @@ IDLE_POLL_S = 0.25
 RETRY_S = 1.0
 ATTEMPTS_BEFORE_FAILING = 8  # serving-path failures of one part that are retried before its lines fail
 EXPIRY_SWEEP_S = 60.0
-ONLINE_QUIET_S = 0.05  # the runner starts new work only after online requests left it this long
-MAX_YIELD_S = 2.0  # ... or after waiting this long with nothing of its own in flight
 POLL_S = 0.002
+SLICE_S = 0.0005  # the runner's CPU work holds the event loop this long at most before yielding ...
+ONLINE_PAUSE_S = 0.002  # ... and, while online requests are in flight, then pauses this long
 INFLIGHT_TARGET_S = 0.25  # the runner holds at most this much of its measured work in flight ...
 RUN_TARGET_S = 0.05  # ... in runs of about this long, so an online request waits behind little of it
 MIN_RUN_TOKENS = 256
@@ -93,9 +98,9 @@ class Runner:
         self.limits = limits
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.inflight = 0
-        self.parts = PartRunner(service, self._reserve, self._release, limits.run_tokens)
+        self.parts = PartRunner(service, self._reserve, self._release, limits.run_tokens, self._pace)
+        self._slice_from = 0.0
         self.leader = False
-        self._online_seen = 0.0
         self._done_tokens = 0  # tokens of finished runs, over the time the runner had work in flight: its rate
         self._busy_s = 0.0
         self._busy_from = 0.0
@@ -124,22 +129,21 @@ class Runner:
         return int(min(self.limits.inflight_tokens, max(self.parts.run_tokens, rate * INFLIGHT_TARGET_S)))
 
     async def _reserve(self, tokens: int) -> None:
-        """Wait until online requests have been quiet for ONLINE_QUIET_S and the runner has room; under
-        steady online load, still start one run after MAX_YIELD_S so that a batch always progresses."""
-        waiting_since = time.monotonic()
-        while True:
-            now = time.monotonic()
-            if self.service.pipeline.admission.inflight - self.inflight > 0:
-                self._online_seen = now
-            room = self.inflight == 0 or self.inflight + tokens <= self._cap()
-            if room and now - self._online_seen >= ONLINE_QUIET_S:
-                break
-            if self.inflight == 0 and now - waiting_since >= MAX_YIELD_S:
-                break
+        """Wait until the runner has room for `tokens` more in flight (a first run always has)."""
+        while not (self.inflight == 0 or self.inflight + tokens <= self._cap()):
             await asyncio.sleep(POLL_S)
         if self.inflight == 0:
             self._busy_from = time.monotonic()
         self.inflight += tokens
+
+    async def _pace(self) -> None:
+        """Return at once within the current slice; past it, yield the event loop (and pause while online
+        requests are in flight: tokens in the admission that are not the runner's own)."""
+        if time.perf_counter() - self._slice_from < SLICE_S:
+            return
+        online = self.service.pipeline.admission.inflight - self.inflight > 0
+        await asyncio.sleep(ONLINE_PAUSE_S if online else 0)
+        self._slice_from = time.perf_counter()
 
     def _release(self, tokens: int) -> None:
         self.inflight -= tokens
@@ -162,6 +166,7 @@ class Runner:
             await asyncio.sleep(LEASE_TTL_S / 3)
 
     async def _loop(self) -> None:
+        CURRENT_PRIORITY.set(PRIORITY_BACKGROUND)  # for every chunk of this task and the tasks it starts
         store = self.store.store
         while True:
             try:
@@ -235,7 +240,10 @@ class Runner:
                     if not raws:
                         total = line  # the file ends early (it changed on disk): what it holds is the batch
                         break
-                    lines = [parse_line(line + i, raw, endpoint, seen) for i, raw in enumerate(raws)]
+                    lines = []
+                    for i, raw in enumerate(raws):
+                        await self._pace()
+                        lines.append(parse_line(line + i, raw, endpoint, seen))
                     pending.append((line, len(lines), next_offset, asyncio.ensure_future(self._execute(endpoint, lines))))
                     line, offset = line + len(lines), next_offset
                 if not pending:

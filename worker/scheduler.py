@@ -5,6 +5,13 @@ budget and the sequence cap (a single sequence longer than the budget runs alone
 sequences left after a step goes to the back of the queue (round robin), so a request arriving while a
 long one is being worked through is held by at most one step of it, and the long one is never starved.
 
+Priority: online rows go first in every step, background rows (bulk jobs) after them. While online
+work has been seen in the last ONLINE_RECENT_S, a step takes at most `background_step_tokens` of
+background rows (at least one sequence, so a bulk job always moves): an online request that arrives
+while a background step runs waits for that short step only. Without recent online work, background
+rows take QUIET_BACKGROUND_FACTOR times as many, enough for the device's throughput, but not the whole
+budget: the first online request after a quiet spell then waits for a step of moderate size.
+
 One step runs on the device at a time. While it runs the scheduler does the CPU side of the step before
 (scatter the rows, answer finished chunks) and collects arrivals; it waits on the running step's event and
 then launches everything that is waiting as the next step, so that under load a step takes all waiting
@@ -26,7 +33,7 @@ from typing import Any, Callable, Protocol, Union, runtime_checkable
 import numpy as np
 
 from quiver.common.model_info import KIND_SPARSE, tasks_for_kind
-from quiver.common.protocol import TASK_TOKENS, Cancel, Chunk, Error, ErrorCode, Message, Result
+from quiver.common.protocol import PRIORITY_ONLINE, TASK_TOKENS, Cancel, Chunk, Error, ErrorCode, Message, Result
 from quiver.worker import metrics
 from quiver.worker.engine.batch import Batch
 from quiver.worker.host_memory import TRIM_EVERY_STEPS, release_free_memory
@@ -38,6 +45,11 @@ log = logging.getLogger("quiver.worker.scheduler")
 IDLE_POLL_S = 0.1  # an idle loop wakes this often (for the stop flag and the watchdog)
 # What the I/O thread puts chunks and cancels into (the worker uses the SimpleQueue).
 Inbox = Union["queue.SimpleQueue[Chunk | Cancel]", "queue.Queue[Chunk | Cancel]"]
+ONLINE_RECENT_S = 2.0  # background rows stay in short steps this long after online work was last seen
+QUIET_BACKGROUND_FACTOR = 8  # then they take this many times background_step_tokens
+# Background tokens in a step while online work is about, by device type: on a GPU a step this size
+# costs little more than the smallest step; a CPU's step time grows with every token.
+DEFAULT_BACKGROUND_STEP_TOKENS = {"cuda": 512, "cpu": 64}
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -77,6 +89,10 @@ class ChunkJob:
     closed: bool = False  # answered, failed or cancelled: its remaining sequences are skipped
     steps: int = 0  # steps that ran some of its sequences
 
+    @property
+    def background(self) -> bool:
+        return self.chunk.priority != PRIORITY_ONLINE
+
 
 @dataclass(eq=False)
 class SequenceRef:
@@ -97,7 +113,8 @@ class InFlightBatch:
 
 class Scheduler:
     def __init__(self, engine: StepEngine, send: Callable[[Message], None], worker_name: str,
-                 max_batch_tokens: int, max_batch_seqs: int, chunk_tracer: ChunkTracer | None = None) -> None:
+                 max_batch_tokens: int, max_batch_seqs: int, chunk_tracer: ChunkTracer | None = None,
+                 background_step_tokens: int = 0) -> None:
         self.engine = engine
         self.chunk_tracer = chunk_tracer  # None unless tracing is on
         self.tasks = tasks_for_kind(engine.info.model.kind)
@@ -106,6 +123,9 @@ class Scheduler:
         self.worker_name = worker_name
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_seqs = max_batch_seqs
+        device_type = str(engine.info.device).partition(":")[0]
+        self.background_step_tokens = background_step_tokens or DEFAULT_BACKGROUND_STEP_TOKENS.get(device_type, 64)
+        self.online_seen = float("-inf")  # when an online chunk last arrived or waited
         model = engine.info.model
         self.vocab_size = model.vocab_size
         self.max_seq_len = model.max_input_length
@@ -137,6 +157,8 @@ class Scheduler:
         np.cumsum(message.seq_lens, out=offsets[1:])
         job = ChunkJob(chunk=message, received=now, deadline=now + message.timeout_s,
                        offsets=offsets, rows_left=message.num_seqs)
+        if not job.background:
+            self.online_seen = now
         self.jobs[message.chunk_id] = job
         self.waiting.append(job)
         self.waiting_seqs += message.num_seqs
@@ -154,13 +176,17 @@ class Scheduler:
 
     # batching ----------------------------------------------------------------------------------
     def next_batch(self) -> tuple[Batch, list[SequenceRef]] | None:
-        """Take sequences up to the budgets in queue order; None when nothing waits."""
+        """Take sequences up to the budgets in queue order, online chunks first; None when nothing waits."""
         refs: list[SequenceRef] = []
-        tokens = 0
+        tokens = background_tokens = 0
         now = time.monotonic()
+        if any(not job.background and not job.closed for job in self.waiting):
+            self.online_seen = now
+        recent = now - self.online_seen < ONLINE_RECENT_S
+        background_cap = self.background_step_tokens * (1 if recent else QUIET_BACKGROUND_FACTOR)
         full = False
         token_rows: bool | None = None  # a step gives token rows or pooled rows, not both
-        for job in self.waiting:
+        for job in sorted(self.waiting, key=lambda waiting: waiting.background):  # stable: arrival order within
             if full:
                 break
             if job.closed or (token_rows is not None and (job.chunk.task == TASK_TOKENS) != token_rows):
@@ -175,9 +201,13 @@ class Scheduler:
                 if len(refs) >= self.max_batch_seqs or (refs and tokens + length > self.max_batch_tokens):
                     full = True
                     break
+                if job.background and background_tokens and background_tokens + length > background_cap:
+                    full = True  # only background rows are left, and their share of the step is taken
+                    break
                 refs.append(SequenceRef(job, job.next_row))
                 token_rows = job.chunk.task == TASK_TOKENS
                 tokens += length
+                background_tokens += length if job.background else 0
                 job.next_row += 1
                 if job.started is None:
                     job.started = now

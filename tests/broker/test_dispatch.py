@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 
 from quiver.broker.dispatch import Dispatcher, PendingChunk, QueueFull, WorkerState
-from quiver.common.protocol import Chunk, Routed, peek
+from quiver.common.protocol import PRIORITY_BACKGROUND, PRIORITY_ONLINE, Chunk, Routed, peek
 
 
 def pending(chunk_id: str, tokens: int = 10, task: str = "embed", deadline: float = 100.0,
-            frontend: bytes = b"f", model: str = "") -> PendingChunk:
+            frontend: bytes = b"f", model: str = "", priority: int = PRIORITY_ONLINE) -> PendingChunk:
     message = Chunk(chunk_id=chunk_id, task=task, num_seqs=1, num_tokens=tokens, normalize=True, timeout_s=5.0,
-                    model=model, input_ids=np.zeros(tokens, dtype=np.int32), seq_lens=np.array([tokens], dtype=np.int32))
+                    model=model, priority=priority, input_ids=np.zeros(tokens, dtype=np.int32),
+                    seq_lens=np.array([tokens], dtype=np.int32))
     routed = peek([bytes(f) for f in message.encode()])
     assert isinstance(routed, Routed)
     return PendingChunk(message=routed, frontends=[frontend], deadline=deadline)
@@ -65,7 +66,7 @@ def test_the_queue_is_bounded_fifo_and_requeues_go_to_the_front_past_the_bound()
     with pytest.raises(QueueFull):
         dispatcher.enqueue(pending("3"))
     dispatcher.enqueue(pending("again"), front=True)  # admitted once already: never refused
-    assert [dispatcher.pop_queued().chunk_id for _ in range(3)] == ["again", "1", "2"]
+    assert [c.chunk_id for c in dispatcher.take_queued(lambda chunk: True)] == ["again", "1", "2"]
     assert not dispatcher.queued_ids
 
 
@@ -75,7 +76,8 @@ def test_duplicates_are_known_while_queued_or_in_flight_and_completion_happens_o
     chunk = pending("1", tokens=30)
     dispatcher.enqueue(chunk)
     assert dispatcher.knows("1") and dispatcher.find("1") is chunk
-    dispatcher.assign(dispatcher.pop_queued(), a)
+    assert dispatcher.take_dispatchable() == (chunk, a)
+    dispatcher.assign(chunk, a)
     assert dispatcher.knows("1") and a.outstanding_tokens == 30
     assert dispatcher.complete("1") is chunk
     assert dispatcher.complete("1") is None  # a second result is a duplicate
@@ -162,17 +164,17 @@ def test_each_model_waits_in_its_own_pool_so_a_busy_model_holds_back_no_other():
         dispatcher.enqueue(pending(chunk_id, model=model))
     with pytest.raises(QueueFull):  # one bound over every pool
         dispatcher.enqueue(pending("b3", model="bb"))
-    assert sorted(dispatcher.pools) == ["aa", "bb"] and dispatcher.has_waiting("aa")
-    ready = dispatcher.next_dispatch()
+    assert sorted(dispatcher.pools) == ["aa", "bb"] and dispatcher.waits_ahead(pending("a9", model="aa"))
+    ready = dispatcher.take_dispatchable()
     assert ready is not None and ready[0].chunk_id == "b1" and ready[1] is rerank  # past the waiting "a1"
-    assert dispatcher.pop_queued("bb").chunk_id == "b1"
-    assert dispatcher.pop_queued("bb").chunk_id == "b2" and "bb" not in dispatcher.pools  # an empty pool goes
+    ready = dispatcher.take_dispatchable()
+    assert ready is not None and ready[0].chunk_id == "b2" and "bb" not in dispatcher.pools  # an empty pool goes
     requeued = pending("a0", model="aa")
     dispatcher.enqueue(requeued, front=True, now=7.0)
     assert [c.chunk_id for c in dispatcher.pools["aa"]] == ["a0", "a1", "a2"] and requeued.queued_at == 7.0
     assert dispatcher.cancel("a1") is not None and dispatcher.find("a2") is not None
     dispatcher.complete("busy")
-    ready = dispatcher.next_dispatch()
+    ready = dispatcher.take_dispatchable()
     assert ready is not None and ready[0].chunk_id == "a0" and ready[1] is mini
 
 
@@ -184,3 +186,70 @@ def test_waiting_chunks_of_a_model_are_taken_by_condition_across_pools():
     assert list(dispatcher.pools) == ["bb"] and dispatcher.queued_ids == {"b"}
     assert [c.chunk_id for c in dispatcher.take_queued(lambda c: c.model == "bb")] == ["b"]
     assert not dispatcher.pools and not dispatcher.queue
+
+
+def background(chunk_id: str, tokens: int = 10, deadline: float = 100.0) -> PendingChunk:
+    return pending(chunk_id, tokens=tokens, deadline=deadline, priority=PRIORITY_BACKGROUND)
+
+
+def drain(dispatcher: Dispatcher) -> list[tuple[str, str]]:
+    """(chunk id, worker name) of every queued chunk a worker can take now, in dispatch order."""
+    sent = []
+    while (ready := dispatcher.take_dispatchable()) is not None:
+        chunk, chosen = ready
+        dispatcher.assign(chunk, chosen)
+        sent.append((chunk.chunk_id, chosen.name))
+    return sent
+
+
+def test_queued_online_chunks_leave_before_background_ones_whatever_their_arrival():
+    a = worker("a", capacity=100)
+    dispatcher = with_workers(a, max_queued=10)
+    dispatcher.max_background = 10
+    dispatcher.assign(pending("busy", tokens=100), a)  # a is full: everything below waits
+    arrivals = (background("b1"), background("b2"), pending("o1"), background("b3"), pending("o2"))
+    # whether queued chunks go first: not for the first of each priority, as online ignores background
+    for chunk, behind in zip(arrivals, (False, True, False, True, True)):
+        assert dispatcher.waits_ahead(chunk) == behind
+        dispatcher.enqueue(chunk)
+    assert drain(dispatcher) == []
+    dispatcher.complete("busy")
+    assert [chunk_id for chunk_id, _ in drain(dispatcher)] == ["o1", "o2", "b1", "b2", "b3"]
+
+
+def test_a_background_chunk_never_delays_an_online_chunks_dispatch():
+    a, b = worker("a", capacity=100), worker("b", capacity=100)
+    dispatcher = with_workers(a, b, max_queued=10)
+    for i in range(10):
+        dispatcher.enqueue(background(f"b{i}", tokens=25))
+    sent = drain(dispatcher)
+    # each worker holds max_background (4) background chunks, here its whole capacity
+    assert sorted(name for _, name in sent) == ["a"] * 4 + ["b"] * 4
+    assert (a.background_chunks, b.background_chunks) == (4, 4) and sum(c.background for c in dispatcher.queue) == 2
+    online = pending("online", tokens=100)
+    assert not dispatcher.waits_ahead(online)  # waiting background chunks do not go first
+    assert dispatcher.pick_worker(online) is not None  # background tokens leave the capacity to online ones
+    dispatcher.assign(online, dispatcher.pick_worker(online))  # type: ignore[arg-type]
+    dispatcher.enqueue(pending("second", tokens=100))
+    chunk_id, name = drain(dispatcher)[0]
+    assert chunk_id == "second" and name != online.worker.decode()  # type: ignore[union-attr]
+    # background chunks never pass queued online ones, nor enter a worker past the online capacity rule
+    dispatcher.enqueue(pending("third", tokens=100))
+    dispatcher.complete("b0")
+    assert drain(dispatcher) == []
+    assert [c.chunk_id for c in dispatcher.queue if not c.background] == ["third"]
+
+
+def test_the_background_queue_has_its_own_bound_and_the_usual_cancel_and_expiry():
+    dispatcher = with_workers(max_queued=2)
+    dispatcher.enqueue(background("b1", deadline=5.0))
+    dispatcher.enqueue(background("b2"))
+    with pytest.raises(QueueFull):
+        dispatcher.enqueue(background("b3"))
+    dispatcher.enqueue(pending("o1"))  # a full background queue never refuses an online chunk
+    dispatcher.enqueue(background("again"), front=True)
+    assert dispatcher.knows("b2") and dispatcher.find("b2") is not None
+    assert dispatcher.cancel("b2") is not None and not dispatcher.knows("b2")
+    assert [c.chunk_id for c in dispatcher.take_expired_queued(now=10.0)] == ["b1"]
+    assert [c.chunk_id for c in dispatcher.take_queued(lambda chunk: True)] == ["o1", "again"]
+    assert not dispatcher.queued_ids

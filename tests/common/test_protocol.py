@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from quiver.common.protocol import (
-    MAX_HEADER_BYTES, PROTOCOL_VERSION, Cancel, Chunk, Disconnect, Error, Heartbeat, MsgType, ProtocolError, Ready,
-    Reconnect, Result, decode, split_identity,
+    MAX_HEADER_BYTES, PRIORITY_BACKGROUND, PRIORITY_ONLINE, PROTOCOL_VERSION, Cancel, Chunk, Disconnect, Error, Heartbeat,
+    MsgType, ProtocolError, Ready, Reconnect, Result, decode, split_identity,
 )
 
 
@@ -141,3 +141,17 @@ def test_peek_checks_headers_and_frame_lengths_without_reading_arrays():
     with pytest.raises(ProtocolError, match="implies"):
         peek([*result_frames[:2], result_frames[2] + b"\0\0"])
     assert isinstance(peek([bytes(f) for f in Cancel(chunk_id="x").encode()]), Cancel)
+
+
+def test_a_chunk_carries_its_priority_and_an_online_header_is_unchanged():
+    online = make_chunk()
+    assert "priority" not in msgpack.unpackb(bytes(online.encode()[1]))  # as before priorities existed
+    assert roundtrip(online).priority == PRIORITY_ONLINE
+    background = roundtrip(make_chunk(priority=PRIORITY_BACKGROUND))
+    assert background.priority == PRIORITY_BACKGROUND
+    frames = [bytes(f) for f in online.encode()]
+    for value in (2, -1, True, "background"):
+        header = msgpack.unpackb(frames[1])
+        header["priority"] = value
+        with pytest.raises(ProtocolError, match="priority"):
+            decode([frames[0], msgpack.packb(header), *frames[2:]])

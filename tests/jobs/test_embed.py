@@ -15,8 +15,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ROWS = 1000
-PART = 64
+from tests.jobs.helpers import short_text
+
+ROWS = 50_000
+PART = 2048
+MISSING = 7_777  # the row without a text
 
 
 def _embed(*args: str) -> subprocess.Popen:
@@ -33,10 +36,9 @@ def _finish(process: subprocess.Popen, timeout: float = 300) -> str:
 
 
 def _corpus(path: Path) -> list[str | None]:
-    texts: list[str | None] = [f"passage {i}: " + " ".join(["alpha", "beta", "gamma", "delta"][: 1 + i % 4]) * (1 + i % 9)
-                               for i in range(ROWS)]
-    texts[77] = None  # a missing text fails alone
-    pq.write_table(pa.table({"doc_id": [f"d{i}" for i in range(ROWS)], "body": texts}), path, row_group_size=500)
+    texts: list[str | None] = [short_text(i) for i in range(ROWS)]
+    texts[MISSING] = None  # a missing text fails alone
+    pq.write_table(pa.table({"doc_id": [f"d{i}" for i in range(ROWS)], "body": texts}), path, row_group_size=5000)
     return texts
 
 
@@ -44,15 +46,15 @@ def test_a_killed_job_resumes_to_the_same_output_as_an_uninterrupted_one(jobs_cl
     source = tmp_path / "corpus.parquet"
     texts = _corpus(source)
     common = [str(source), "--url", jobs_cluster.url, "--field", "body", "--id-field", "doc_id",
-              "--part-size", str(PART), "--batch-size", "32", "--concurrency", "4"]
+              "--part-size", str(PART), "--batch-size", "256", "--concurrency", "4"]
     whole = tmp_path / "whole.parquet"
-    _finish(_embed(*common, "-o", str(whole)))
+    _finish(_embed(*common, "-o", str(whole)), timeout=600)
 
     resumed = tmp_path / "resumed.parquet"
     parts = tmp_path / "resumed.parquet.parts"
     process = _embed(*common, "-o", str(resumed))
-    end = time.monotonic() + 240
-    while len(list(parts.glob("part-*.npz"))) < 4:
+    end = time.monotonic() + 600
+    while len(list(parts.glob("part-*.npz"))) < ROWS // PART // 2:  # killed about halfway
         assert process.poll() is None and time.monotonic() < end, process.stderr.read() if process.stderr else ""
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
@@ -60,20 +62,20 @@ def test_a_killed_job_resumes_to_the_same_output_as_an_uninterrupted_one(jobs_cl
     assert not resumed.exists() and len(list(parts.glob("part-*.npz"))) < ROWS // PART
     refused = _embed(*common, "-o", str(resumed))
     assert refused.wait(60) == 2 and "--resume" in refused.communicate()[1]
-    _finish(_embed(*common, "-o", str(resumed), "--resume"))
+    _finish(_embed(*common, "-o", str(resumed), "--resume"), timeout=600)
     assert not parts.exists()  # removed once the output is assembled
 
     a, b = pq.read_table(whole), pq.read_table(resumed)
-    expected_ids = [f"d{i}" for i in range(ROWS) if i != 77]
+    expected_ids = [f"d{i}" for i in range(ROWS) if i != MISSING]
     assert a.column("id").to_pylist() == expected_ids == b.column("id").to_pylist()
     va = np.asarray(a.column("vector").to_pylist(), dtype=np.float32)
     vb = np.asarray(b.column("vector").to_pylist(), dtype=np.float32)
     assert va.shape == (ROWS - 1, 384)
     np.testing.assert_allclose(va, vb, atol=1e-5)
     failed = [json.loads(line) for line in (tmp_path / "resumed.parquet.failed.jsonl").read_text().splitlines()]
-    assert [(f["position"], f["id"]) for f in failed] == [(77, "d77")]
+    assert [(f["position"], f["id"]) for f in failed] == [(MISSING, f"d{MISSING}")]
 
-    sample = [0, 500, 999]
+    sample = [0, ROWS // 2, ROWS - 1]
     online = httpx.post(jobs_cluster.url + "/v1/embeddings", json={"input": [texts[i] for i in sample]}).json()["data"]
     for i, item in zip(sample, online):
         got, want = vb[expected_ids.index(f"d{i}")], np.asarray(item["embedding"])

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from quiver.common.model_info import default_model_dir
-from quiver.common.protocol import Cancel, Chunk, Error, Message, Result
+from quiver.common.protocol import PRIORITY_BACKGROUND, Cancel, Chunk, Error, Message, Result
 from quiver.worker.engine import Batch, Engine, load_engine
 from quiver.worker.faults import FaultyEngine
-from quiver.worker.scheduler import Scheduler, StepEngine
+from quiver.worker.scheduler import ONLINE_RECENT_S, QUIET_BACKGROUND_FACTOR, Scheduler, StepEngine
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +136,33 @@ def test_the_loop_runs_everything_waiting_as_one_step_and_answers_each_chunk(eng
     for chunk in chunks:
         np.testing.assert_allclose(results[chunk.chunk_id].values, _expected(engine, chunk), atol=1e-4)
         assert results[chunk.chunk_id].inference_s >= 0 and results[chunk.chunk_id].queue_s >= 0
+
+
+def test_online_rows_go_first_and_background_rows_take_a_short_share_while_online_work_is_about(
+        engine: Engine) -> None:
+    sent: list[Message] = []
+    scheduler = Scheduler(engine, send=sent.append, worker_name="test", max_batch_tokens=200, max_batch_seqs=16,
+                          background_step_tokens=10)
+    bulk = _chunk("bulk", [10] * 14, seed=1)
+    bulk.priority = PRIORITY_BACKGROUND
+    scheduler.accept(bulk)
+    scheduler.accept(_chunk("online", [10, 10], seed=2))
+
+    def step(online_seen_ago: float = 0.0) -> list[tuple[str, int]]:
+        scheduler.online_seen = time.monotonic() - online_seen_ago  # when online work was last seen, whatever the pace
+        picked = scheduler.next_batch()
+        assert picked is not None
+        scheduler.finish(scheduler.launch(*picked))
+        return [(ref.job.chunk.chunk_id, ref.row) for ref in picked[1]]
+
+    assert step() == [("online", 0), ("online", 1), ("bulk", 0)]  # online first, though it came later
+    assert step() == [("bulk", 1)]  # online work was just here: background steps stay short
+    assert step() == [("bulk", 2)]
+    assert step() == [("bulk", 3)]
+    # ... until none has been seen for a while: then a larger share, not the whole budget
+    assert step(ONLINE_RECENT_S) == [("bulk", row) for row in range(4, 4 + QUIET_BACKGROUND_FACTOR)]
+    assert step(ONLINE_RECENT_S) == [("bulk", row) for row in range(4 + QUIET_BACKGROUND_FACTOR, 14)]
+    answers = {m.chunk_id: m for m in sent if isinstance(m, Result)}
+    assert set(answers) == {"online", "bulk"}
+    for chunk in (bulk, _chunk("online", [10, 10], seed=2)):
+        np.testing.assert_allclose(answers[chunk.chunk_id].values, _expected(engine, chunk), atol=1e-5)
