@@ -122,6 +122,17 @@ class RaggedIds:
             ]).astype(np.int32, copy=False)
         return cls(ids, lens, types, **fields)
 
+    @classmethod
+    def concat(cls, parts: Sequence[RaggedIds]) -> RaggedIds:
+        """Every row of each part, parts in order (a copy). Parts without token types get zeros when
+        another part has them."""
+        types = None
+        if any(part.token_type_ids is not None for part in parts):
+            types = np.concatenate([part.token_type_ids if part.token_type_ids is not None
+                                    else np.zeros(part.num_tokens, dtype=part.input_ids.dtype) for part in parts])
+        return cls(np.concatenate([part.input_ids for part in parts]),
+                   np.concatenate([part.seq_lens for part in parts]), types)
+
     def truncated(self, max_length: int, direction: str = "right") -> RaggedIds:
         """Each row cut to at most max_length ids on the `direction` side: "right" keeps a row's first
         ids, "left" its last ones (the tokenizers' truncation direction). Self when no row is longer."""

@@ -133,3 +133,12 @@ def test_a_chunk_built_from_its_arrays_reads_them_as_ragged_ids():
                   input_ids=np.array([1, 2, 3], dtype=np.int32), seq_lens=np.array([1, 2], dtype=np.int32))
     assert chunk.ids.input_ids is chunk.input_ids and chunk.ids.offsets.tolist() == [0, 1, 3]
     assert chunk.ids.token_type_ids is None
+
+
+def test_concat_appends_every_row_of_each_part():
+    first, second = RaggedIds.from_lists(ROWS[:2]), RaggedIds.from_lists(ROWS[2:], [[0, 1], [1, 1, 0, 0]])
+    joined = RaggedIds.concat([first, second])
+    assert [joined.row(i).tolist() for i in range(4)] == ROWS
+    assert joined.offsets.tolist() == [0, 3, 4, 6, 10]
+    assert joined.token_type_ids is not None and joined.token_type_ids.tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 0, 0]
+    assert RaggedIds.concat([first, first]).token_type_ids is None
