@@ -74,7 +74,7 @@ class TextTokenizer:
         """Texts, or (a, b) pairs in the tokenizer's pair template; segment ids when with_types."""
         encodings = self._pick(truncate, direction).encode_batch(texts, add_special_tokens=True)
         seqs = RaggedIds.from_lists([e.ids for e in encodings], [e.type_ids for e in encodings] if with_types else None)
-        return self.checked(seqs, param)
+        return self._checked(seqs, param)
 
     async def encode(self, texts: list[TextInput], truncate: bool, direction: str, param: str = "input",
                      with_types: bool = False) -> RaggedIds:
@@ -90,14 +90,14 @@ class TextTokenizer:
         for body in self.plain.encode_batch(bodies, add_special_tokens=True):
             middle = _cut(body.ids, room, direction) if truncate and len(body.ids) > room else body.ids
             ids.append(head + middle + tail)
-        return self.checked(RaggedIds.from_lists(ids), param)
+        return self._checked(RaggedIds.from_lists(ids), param)
 
     async def encode_prompts(self, prefix: str, bodies: list[str], suffix: str, truncate: bool, direction: str,
                              param: str) -> RaggedIds:
         return await self._off_loop(sum(len(b) for b in bodies),
                                     lambda: self.encode_prompts_sync(prefix, bodies, suffix, truncate, direction, param))
 
-    def checked(self, seqs: RaggedIds, param: str, limits: RaggedLimits | None = None,
+    def _checked(self, seqs: RaggedIds, param: str, limits: RaggedLimits | None = None,
                 empty: str = "has no tokens") -> RaggedIds:
         """`seqs` once validated against the model's limits (or `limits`), or the APIError that says why
         not; `empty` completes "input N ..." for an input without tokens."""
@@ -141,7 +141,7 @@ class TextTokenizer:
             index, bad = next((i, x) for i, seq in enumerate(seqs) for x in seq if not 0 <= x < vocab)
             raise self._out_of_vocabulary(index, bad, param) from exc
         limits = RaggedLimits(vocab_size=vocab) if truncate else self.limits
-        ids = self.checked(ids, param, limits, empty="is an empty list of token ids")
+        ids = self._checked(ids, param, limits, empty="is an empty list of token ids")
         if truncate:
             ids = ids.truncated(self.max_length, _normalise_direction(direction))
         return ids.with_dtype(np.int32)

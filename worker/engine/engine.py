@@ -127,7 +127,7 @@ class Engine:
 
     def step(self, batch: Batch) -> LazyTensor:
         """Launch one batch; the LazyTensor's row i is sequence i's result."""
-        self._validate(batch)
+        self._check_shapes(batch)
         self.steps += 1
         if not self.on_gpu:
             return LazyTensor(self.run_eager(batch))
@@ -203,7 +203,7 @@ class Engine:
             out = self.forward_step(shape, self.upload(batch, shape))[: batch.num_seqs].cpu()
         return out.numpy()
 
-    def _validate(self, batch: Batch) -> None:
+    def _check_shapes(self, batch: Batch) -> None:
         """Shapes and sizes only: the ids' contents were validated where they entered the worker (the
         scheduler's intake), so nothing here reads every token."""
         check_shape(batch)
