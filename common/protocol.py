@@ -18,11 +18,14 @@ from __future__ import annotations
 import enum
 import sys
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any, Callable, ClassVar, Sequence
 
 import msgpack
 import numpy as np
 import numpy.typing as npt
+
+from quiver.common.ragged import RaggedError, RaggedIds
 
 PROTOCOL_VERSION = 2
 
@@ -251,7 +254,8 @@ class Chunk(Message):
     """Some sequences of one request, to be run as a unit. Idempotent: safe to run twice.
 
     Arrays: input_ids int32 [sum(seq_lens)], seq_lens int32 [num_seqs], and token_type_ids int32
-    [sum(seq_lens)] when has_token_types. `priority` is PRIORITY_ONLINE or PRIORITY_BACKGROUND (bulk jobs).
+    [sum(seq_lens)] when has_token_types: the parts of `ids` (common.ragged), which receivers read.
+    `priority` is PRIORITY_ONLINE or PRIORITY_BACKGROUND (bulk jobs).
     """
 
     TYPE: ClassVar[MsgType] = MsgType.CHUNK
@@ -299,17 +303,32 @@ class Chunk(Message):
         _check_str("traceparent", h.get("traceparent", ""), MAX_TRACEPARENT_CHARS)
         _check_int("priority", h.get("priority", PRIORITY_ONLINE), PRIORITY_ONLINE, PRIORITY_BACKGROUND)
 
+    @cached_property
+    def ids(self) -> RaggedIds:
+        """The sequences as ragged ids over this chunk's arrays (offsets summed once, on first use)."""
+        return RaggedIds(self.input_ids, self.seq_lens, self.token_type_ids)
+
+    @classmethod
+    def from_ids(cls, ids: RaggedIds, **header: Any) -> Chunk:
+        """A chunk of `ids`, its counts and has_token_types taken from them; `header` gives the rest."""
+        chunk = cls(num_seqs=ids.num_seqs, num_tokens=ids.num_tokens, has_token_types=ids.token_type_ids is not None,
+                    input_ids=ids.input_ids, seq_lens=ids.seq_lens, token_type_ids=ids.token_type_ids, **header)
+        chunk.__dict__["ids"] = ids
+        return chunk
+
     @classmethod
     def from_parts(cls, header: dict[str, Any], arrays: Sequence[bytes | memoryview]) -> Chunk:
         expected = 3 if header.get("has_token_types") else 2
         if len(arrays) != expected:
             raise ProtocolError(f"CHUNK needs {expected} array frames, got {len(arrays)}")
-        input_ids = _array_frame("input_ids", arrays[0], np.int32, header["num_tokens"])
-        seq_lens = _array_frame("seq_lens", arrays[1], np.int32, header["num_seqs"])
-        if int(seq_lens.min()) < 1 or int(seq_lens.sum(dtype=np.int64)) != header["num_tokens"]:
-            raise ProtocolError("seq_lens must be positive and sum to num_tokens")
-        token_types = _array_frame("token_type_ids", arrays[2], np.int32, header["num_tokens"]) if expected == 3 else None
-        return cls(**header, input_ids=input_ids, seq_lens=seq_lens, token_type_ids=token_types)
+        try:
+            ids = RaggedIds.from_frames(arrays[0], arrays[1], arrays[2] if expected == 3 else None,
+                                        header["num_seqs"], header["num_tokens"])
+        except RaggedError as exc:
+            raise ProtocolError(str(exc)) from exc
+        chunk = cls(**header, input_ids=ids.input_ids, seq_lens=ids.seq_lens, token_type_ids=ids.token_type_ids)
+        chunk.__dict__["ids"] = ids
+        return chunk
 
 
 @dataclass

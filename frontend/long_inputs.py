@@ -18,11 +18,11 @@ import numpy as np
 from quiver.common.config import FrontendSettings
 from quiver.common.model_info import KIND_EMBEDDING
 from quiver.common.protocol import TASK_EMBED
+from quiver.common.ragged import RaggedIds
 from quiver.frontend import metrics
 from quiver.frontend.errors import APIError
 from quiver.frontend.pipeline import Timings
 from quiver.frontend.service import Embeddings, Service, as_input_list, matryoshka, record_stages
-from quiver.frontend.tokenization import Sequences
 
 def long_input_modes(settings: FrontendSettings) -> list[str]:
     """What an over-long input can meet here, the server's default first: error, truncate, split."""
@@ -33,7 +33,7 @@ def long_input_modes(settings: FrontendSettings) -> list[str]:
 
 @dataclass
 class Windows:
-    seqs: Sequences  # every window as its own sequence
+    seqs: RaggedIds  # every window as its own sequence
     owner: np.ndarray  # int64 [windows]: the input each window belongs to
     num_inputs: int
 
@@ -84,7 +84,7 @@ async def make_windows(service: Service, inputs: object, prompt_name: str | None
     if texts is not None:
         if any(not window for window in flat):
             raise APIError("empty_input", "an input has no tokens", param=param)
-        seqs = Sequences.from_lists(flat)
+        seqs = RaggedIds.from_lists(flat)
     else:
         seqs = service.tokenizer.check_ids(flat, False, "right", param)  # ids in the vocabulary, lengths fit
     return Windows(seqs, owner, len(per_input))

@@ -18,11 +18,11 @@ import numpy as np
 
 from quiver.common.config import FrontendSettings
 from quiver.common.protocol import PRIORITY_BACKGROUND, PRIORITY_ONLINE, Chunk, ErrorCode, Result
+from quiver.common.ragged import RaggedIds
 from quiver.frontend import metrics
 from quiver.frontend.admission import CURRENT_TICKET, RETRY_AFTER_S, Admission
 from quiver.frontend.broker_client import BrokerClient, ChunkFailed
 from quiver.frontend.errors import APIError
-from quiver.frontend.tokenization import Sequences
 from quiver.frontend.tracing import current_traceparent, record_chunks, record_chunks_failed
 
 CHUNK_ERRORS = {
@@ -97,11 +97,11 @@ class Pipeline:
         self.model_fingerprint = model_fingerprint
         self.model_name = model_name
 
-    async def run(self, seqs: Sequences, task: str, normalize: bool, timings: Timings) -> np.ndarray:
+    async def run(self, seqs: RaggedIds, task: str, normalize: bool, timings: Timings) -> np.ndarray:
         """Float32 [num_seqs, dim] rows in input order, or an APIError saying why not."""
         return np.concatenate([r.values for r in await self.run_results(seqs, task, normalize, timings)], axis=0)
 
-    async def run_results(self, seqs: Sequences, task: str, normalize: bool, timings: Timings) -> list[Result]:
+    async def run_results(self, seqs: RaggedIds, task: str, normalize: bool, timings: Timings) -> list[Result]:
         """The chunks' results in input order (dense, or sparse for SPLADE models), or an APIError."""
         if not self.client.healthy:
             reason = "no worker is live" if self.client.broker_alive else "the broker is unreachable"
@@ -116,24 +116,17 @@ class Pipeline:
         finally:
             ticket.release()
 
-    def _chunks(self, seqs: Sequences, task: str, normalize: bool, timeout_s: float) -> list[Chunk]:
-        offsets = np.zeros(seqs.num_seqs + 1, dtype=np.int64)
-        np.cumsum(seqs.seq_lens, out=offsets[1:])
-        chunks = []
+    def _chunks(self, seqs: RaggedIds, task: str, normalize: bool, timeout_s: float) -> list[Chunk]:
         traceparent = current_traceparent()
         priority = CURRENT_PRIORITY.get()
-        for start, end in split_ranges(seqs.seq_lens, self.settings.max_chunk_tokens, self.settings.max_chunk_seqs):
-            lo, hi = int(offsets[start]), int(offsets[end])
-            types = seqs.token_type_ids[lo:hi] if seqs.token_type_ids is not None else None
-            chunks.append(Chunk(
-                chunk_id=self.client.new_chunk_id(), task=task, num_seqs=end - start, num_tokens=hi - lo,
-                normalize=normalize, timeout_s=timeout_s, has_token_types=types is not None, priority=priority,
-                model=self.model_fingerprint, input_ids=seqs.input_ids[lo:hi], seq_lens=seqs.seq_lens[start:end],
-                token_type_ids=types, traceparent=traceparent,
-            ))
-        return chunks
+        return [
+            Chunk.from_ids(seqs.rows(start, end), chunk_id=self.client.new_chunk_id(), task=task,
+                           normalize=normalize, timeout_s=timeout_s, priority=priority,
+                           model=self.model_fingerprint, traceparent=traceparent)
+            for start, end in split_ranges(seqs.seq_lens, self.settings.max_chunk_tokens, self.settings.max_chunk_seqs)
+        ]
 
-    async def _run_chunks(self, seqs: Sequences, task: str, normalize: bool, timings: Timings) -> list[Result]:
+    async def _run_chunks(self, seqs: RaggedIds, task: str, normalize: bool, timings: Timings) -> list[Result]:
         remaining = self.settings.request_timeout_s - (time.monotonic() - timings.started)
         chunks = self._chunks(seqs, task, normalize, max(0.0, remaining))
         metrics.CHUNKS_SENT.inc(len(chunks))

@@ -29,7 +29,8 @@ from quiver.frontend.quantize import encode_rows
 from quiver.frontend.schemas import EncodingFormat, Request, Usage
 from quiver.frontend.service import Service, matryoshka
 from quiver.frontend.token_outputs import record_request, run_token_rows
-from quiver.frontend.tokenization import THREAD_THRESHOLD_CHARS, Sequences
+from quiver.common.ragged import RaggedIds
+from quiver.frontend.tokenization import THREAD_THRESHOLD_CHARS
 
 
 class ContextualizedEmbeddingRequest(Request):
@@ -70,7 +71,7 @@ def wrapper_ids(service: Service) -> tuple[list[int], list[int]]:
     return encoding.ids[:first], encoding.ids[last + 1:]
 
 
-def document_sequences(service: Service, documents: list[list[str]]) -> tuple[Sequences, list[np.ndarray]]:
+def document_sequences(service: Service, documents: list[list[str]]) -> tuple[RaggedIds, list[np.ndarray]]:
     """One sequence per document, and each document's chunk lengths (in tokens)."""
     head, tail = wrapper_ids(service)
     limit = service.info.max_input_length
@@ -89,7 +90,7 @@ def document_sequences(service: Service, documents: list[list[str]]) -> tuple[Se
                            f"of {limit}; split it into several documents", param="input")
         ids.append(tokens)
         chunk_lens.append(np.array([len(part) for part in parts], dtype=np.int64))
-    return Sequences.from_lists(ids), chunk_lens
+    return RaggedIds.from_lists(ids), chunk_lens
 
 
 def pool_chunks(rows: np.ndarray, head: int, chunk_lens: np.ndarray) -> np.ndarray:

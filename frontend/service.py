@@ -17,6 +17,7 @@ import numpy as np
 from quiver.common.config import FrontendSettings
 from quiver.common.model_info import KIND_CLASSIFIER, KIND_EMBEDDING, KIND_RERANKER, KIND_SPARSE, ModelInfo
 from quiver.common.protocol import TASK_CLASSIFY, TASK_EMBED, TASK_SCORE
+from quiver.common.ragged import RaggedIds
 from quiver.frontend import metrics
 from quiver.frontend.admission import Admission
 from quiver.frontend.broker_client import BrokerClient
@@ -25,7 +26,7 @@ from quiver.frontend.pipeline import Pipeline, Timings
 from quiver.frontend.quantize import formats_for
 from quiver.frontend.scores import sigmoid, softmax
 from quiver.frontend.templates import DEFAULT_RERANK_INSTRUCTION, QWEN3_RERANKER, with_instruction
-from quiver.frontend.tokenization import Sequences, TextInput, TextTokenizer
+from quiver.frontend.tokenization import TextInput, TextTokenizer
 
 
 @dataclass
@@ -192,7 +193,7 @@ class Service:
         return self.settings.auto_truncate if truncate is None else truncate
 
     async def tokenize(self, inputs: object, truncate: bool | None, direction: str, prompt_name: str | None,
-                       param: str, timings: Timings, instruction: str | None = None) -> Sequences:
+                       param: str, timings: Timings, instruction: str | None = None) -> RaggedIds:
         texts, ids = as_input_list(inputs)
         self.check_count(len(texts if texts is not None else ids), param)  # type: ignore[arg-type]
         started = time.monotonic()
@@ -272,7 +273,7 @@ class Service:
         self.check_texts(documents, param, allow_empty=True)
 
     async def _pair_sequences(self, queries: list[str], documents: list[str], truncate: bool, direction: str,
-                              instruction: str | None, param: str) -> Sequences:
+                              instruction: str | None, param: str) -> RaggedIds:
         if self.info.kind == KIND_RERANKER:
             task = DEFAULT_RERANK_INSTRUCTION if instruction is None else instruction
             bodies = [QWEN3_RERANKER.body(task, q, d) for q, d in zip(queries, documents)]
@@ -285,6 +286,6 @@ class Service:
                                            with_types=self.info.uses_token_types)
 
     @staticmethod
-    def _observe(route: str, seqs: Sequences) -> None:
+    def _observe(route: str, seqs: RaggedIds) -> None:
         metrics.INPUT_TOKENS.labels(route).observe(seqs.num_tokens)
         metrics.INPUTS.labels(route).observe(seqs.num_seqs)

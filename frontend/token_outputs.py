@@ -26,7 +26,7 @@ from quiver.frontend import metrics
 from quiver.frontend.errors import APIError
 from quiver.frontend.pipeline import Timings
 from quiver.frontend.service import Service, record_stages
-from quiver.frontend.tokenization import Sequences
+from quiver.common.ragged import RaggedIds
 
 # Token vectors one response may carry (/embed_all, ColBERT outputs), in numbers: about 160 MB of JSON.
 # A request past it is refused (413) after tokenization, before any model work.
@@ -46,13 +46,13 @@ class TokenRows:
     timings: Timings
 
 
-def record_request(route: str, seqs: Sequences, timings: Timings, model: str) -> None:
+def record_request(route: str, seqs: RaggedIds, timings: Timings, model: str) -> None:
     metrics.INPUT_TOKENS.labels(route).observe(seqs.num_tokens)
     metrics.INPUTS.labels(route).observe(seqs.num_seqs)
     record_stages(route, timings, model)
 
 
-async def run_token_rows(service: Service, seqs: Sequences, timings: Timings) -> np.ndarray:
+async def run_token_rows(service: Service, seqs: RaggedIds, timings: Timings) -> np.ndarray:
     """float32 [seqs.num_tokens, token_dim]: every token's row, in input order."""
     results = await service.pipeline.run_results(seqs, TASK_TOKENS, False, timings)
     rows = np.concatenate([result.values for result in results], axis=0)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Callable, TypeVar, Union
 
 import numpy as np
@@ -23,6 +22,7 @@ import orjson
 from tokenizers import Encoding, Tokenizer
 
 from quiver.common.model_info import ModelInfo
+from quiver.common.ragged import EMPTY_ROW, OUT_OF_VOCABULARY, TOO_LONG, RaggedError, RaggedIds, RaggedLimits
 from quiver.frontend.errors import APIError
 from quiver.frontend.tracing import record_tokenization
 
@@ -32,39 +32,13 @@ THREAD_THRESHOLD_CHARS = 4096
 
 TextInput = Union[str, tuple[str, str]]
 T = TypeVar("T")
-IdsT = TypeVar("IdsT", list[int], np.ndarray)
-
-
-@dataclass(frozen=True)
-class Sequences:
-    """Tokenized inputs of one request: ids laid end to end, one length per input."""
-
-    input_ids: np.ndarray
-    seq_lens: np.ndarray
-    token_type_ids: np.ndarray | None = None
-
-    @property
-    def num_seqs(self) -> int:
-        return int(self.seq_lens.shape[0])
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    @staticmethod
-    def from_lists(ids: list[list[int]], types: list[list[int]] | None = None) -> Sequences:
-        def flat(lists: list[list[int]]) -> np.ndarray:
-            return np.concatenate([np.asarray(x, dtype=np.int32) for x in lists])
-
-        lens = np.fromiter((len(x) for x in ids), dtype=np.int32, count=len(ids))
-        return Sequences(flat(ids), lens, flat(types) if types is not None else None)
 
 
 def _normalise_direction(direction: str) -> str:
     return direction.lower()
 
 
-def _cut(ids: IdsT, limit: int, direction: str) -> IdsT:
+def _cut(ids: list[int], limit: int, direction: str) -> list[int]:
     """The first (direction right) or last (left) `limit` items."""
     limit = max(limit, 0)
     return ids[:limit] if _normalise_direction(direction) == "right" else ids[len(ids) - limit:]
@@ -86,6 +60,7 @@ class TextTokenizer:
             tok.enable_truncation(self.max_length, direction=direction)
             self.truncating[direction] = tok
         self._fixed: dict[str, list[int]] = {}
+        self.limits = RaggedLimits(vocab_size=info.vocab_size, max_length=self.max_length)
 
     def _fixed_ids(self, text: str) -> list[int]:
         """Ids of a template's fixed part (no special tokens added), tokenized once."""
@@ -97,20 +72,19 @@ class TextTokenizer:
         return self.truncating[_normalise_direction(direction)] if truncate else self.plain
 
     def encode_sync(self, texts: list[TextInput], truncate: bool, direction: str, param: str = "input",
-                    with_types: bool = False) -> Sequences:
+                    with_types: bool = False) -> RaggedIds:
         """Texts, or (a, b) pairs in the tokenizer's pair template; segment ids when with_types."""
         encodings = self._pick(truncate, direction).encode_batch(texts, add_special_tokens=True)
-        ids = [e.ids for e in encodings]
-        self._check_lengths(ids, param)
-        return Sequences.from_lists(ids, [e.type_ids for e in encodings] if with_types else None)
+        seqs = RaggedIds.from_lists([e.ids for e in encodings], [e.type_ids for e in encodings] if with_types else None)
+        return self._checked(seqs, param)
 
     async def encode(self, texts: list[TextInput], truncate: bool, direction: str, param: str = "input",
-                     with_types: bool = False) -> Sequences:
+                     with_types: bool = False) -> RaggedIds:
         return await self._off_loop(_chars(texts),
                                     lambda: self.encode_sync(texts, truncate, direction, param, with_types))
 
     def encode_prompts_sync(self, prefix: str, bodies: list[str], suffix: str, truncate: bool, direction: str,
-                            param: str) -> Sequences:
+                            param: str) -> RaggedIds:
         """prefix + body + suffix per body, each part tokenized alone; truncation cuts the body only."""
         head, tail = self._fixed_ids(prefix), self._fixed_ids(suffix)
         room = self.max_length - len(head) - len(tail)
@@ -118,22 +92,36 @@ class TextTokenizer:
         for body in self.plain.encode_batch(bodies, add_special_tokens=True):
             middle = _cut(body.ids, room, direction) if truncate and len(body.ids) > room else body.ids
             ids.append(head + middle + tail)
-        self._check_lengths(ids, param)
-        return Sequences.from_lists(ids)
+        return self._checked(RaggedIds.from_lists(ids), param)
 
     async def encode_prompts(self, prefix: str, bodies: list[str], suffix: str, truncate: bool, direction: str,
-                             param: str) -> Sequences:
+                             param: str) -> RaggedIds:
         return await self._off_loop(sum(len(b) for b in bodies),
                                     lambda: self.encode_prompts_sync(prefix, bodies, suffix, truncate, direction, param))
 
-    def _check_lengths(self, ids: list[list[int]], param: str) -> None:
-        for index, seq in enumerate(ids):
-            if len(seq) > self.max_length:
-                raise self._too_long(index, len(seq), param)
-            if not seq:
-                raise APIError("empty_input", f"input {index} has no tokens", param=param)
+    def _checked(self, seqs: RaggedIds, param: str, limits: RaggedLimits | None = None,
+                empty: str = "has no tokens") -> RaggedIds:
+        """`seqs` once validated against the model's limits (or `limits`), or the APIError that says why
+        not; `empty` completes "input N ..." for an input without tokens."""
+        limits = self.limits if limits is None else limits
+        try:
+            seqs.validate(limits)
+        except RaggedError as exc:
+            if exc.code == EMPTY_ROW:
+                raise APIError("empty_input", f"input {exc.row} {empty}", param=param) from exc
+            if exc.code == OUT_OF_VOCABULARY:
+                raise self._out_of_vocabulary(exc.row, exc.value, param) from exc
+            if exc.code == TOO_LONG:
+                raise self._too_long(exc.row, exc.value, param) from exc
+            raise
+        return seqs
 
-    def _too_long(self, index: int, length: int, param: str) -> APIError:
+    def _out_of_vocabulary(self, index: int | None, token_id: int | None, param: str) -> APIError:
+        return APIError("token_out_of_vocabulary",
+                        f"input {index} holds token id {token_id}, outside the vocabulary [0, {self.info.vocab_size})",
+                        param=param)
+
+    def _too_long(self, index: int | None, length: int | None, param: str) -> APIError:
         return APIError(
             "input_too_long",
             f"input {index} has {length} tokens, more than the model's limit of {self.max_length}; "
@@ -141,37 +129,24 @@ class TextTokenizer:
             param=param,
         )
 
-    async def ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> Sequences:
+    async def ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> RaggedIds:
         """check_ids, on the pool when the request holds many ids."""
         return await self._off_loop(sum(len(seq) for seq in seqs),
                                     lambda: self.check_ids(seqs, truncate, direction, param))
 
-    def check_ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> Sequences:
-        """Token-id inputs, taken as they are (no special tokens added), checked and truncated."""
+    def check_ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> RaggedIds:
+        """Token-id inputs, taken as they are (no special tokens added), checked whole, then truncated."""
         vocab = self.info.vocab_size
-        out = []
-        for index, seq in enumerate(seqs):
-            if not seq:
-                raise APIError("empty_input", f"input {index} is an empty list of token ids", param=param)
-            try:
-                arr = np.asarray(seq, dtype=np.int64)
-            except OverflowError:  # an id beyond int64, e.g. 2**63: out of any vocabulary
-                arr = np.asarray([x if -vocab <= x < vocab else -1 for x in seq], dtype=np.int64)
-                bad: int | None = next(x for x in seq if not 0 <= x < vocab)
-            else:
-                bad = None
-            if int(arr.min()) < 0 or int(arr.max()) >= vocab:
-                bad = int(arr[(arr < 0) | (arr >= vocab)][0]) if bad is None else bad
-                raise APIError("token_out_of_vocabulary",
-                               f"input {index} holds token id {bad}, outside the vocabulary [0, {vocab})",
-                               param=param)
-            if len(arr) > self.max_length:
-                if not truncate:
-                    raise self._too_long(index, len(arr), param)
-                arr = _cut(arr, self.max_length, direction)
-            out.append(arr.astype(np.int32))
-        lens = np.array([len(a) for a in out], dtype=np.int32)
-        return Sequences(np.concatenate(out), lens)
+        try:
+            ids = RaggedIds.from_lists(seqs, dtype=np.int64)
+        except OverflowError as exc:  # an id beyond int64, e.g. 2**63: out of any vocabulary
+            index, bad = next((i, x) for i, seq in enumerate(seqs) for x in seq if not 0 <= x < vocab)
+            raise self._out_of_vocabulary(index, bad, param) from exc
+        limits = RaggedLimits(vocab_size=vocab) if truncate else self.limits
+        ids = self._checked(ids, param, limits, empty="is an empty list of token ids")
+        if truncate:
+            ids = ids.truncated(self.max_length, _normalise_direction(direction))
+        return ids.with_dtype(np.int32)
 
     async def tokens_json(self, texts: list[str], add_special_tokens: bool, max_tokens: int) -> bytes:
         """TEI's /tokenize answer as JSON bytes, made on the pool; 413 past `max_tokens` tokens in all."""

@@ -20,10 +20,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-import numpy as np
 import orjson
 
 from quiver.common.protocol import TASK_EMBED
+from quiver.common.ragged import RaggedIds
 from quiver.frontend import metrics
 from quiver.frontend.errors import OPENAI, status_of, REASONS, APIError
 from quiver.frontend.http import parse
@@ -33,7 +33,6 @@ from quiver.frontend.routes_score import score_pairs
 from quiver.frontend.schemas import CohereRerankRequest, EmbeddingRequest, ScoreRequest
 from quiver.frontend.scores import ranking
 from quiver.frontend.service import Service, matryoshka
-from quiver.frontend.tokenization import Sequences
 from quiver.jobs.store import ResultLine
 
 EMBEDDINGS = "/v1/embeddings"
@@ -112,12 +111,6 @@ def parse_line(number: int, raw: bytes, endpoint: str, seen: set[str]) -> Line:
     return Line(number, custom_id, body=item["body"])
 
 
-def concatenate(parts: list[Sequences]) -> Sequences:
-    types = [p.token_type_ids for p in parts]
-    return Sequences(np.concatenate([p.input_ids for p in parts]), np.concatenate([p.seq_lens for p in parts]),
-                     np.concatenate(types) if all(t is not None for t in types) else None)
-
-
 class PartRunner:
     """Executes the lines of one part against a Service, within the runner's token reservations."""
 
@@ -141,7 +134,7 @@ class PartRunner:
 
     async def _embeddings(self, lines: list[Line]) -> dict[int, ResultLine]:
         service, results = self.service, {}
-        accepted: list[tuple[Line, EmbeddingRequest, Sequences]] = []
+        accepted: list[tuple[Line, EmbeddingRequest, RaggedIds]] = []
         for line in lines:
             assert line.custom_id is not None
             await self.pace()
@@ -157,8 +150,8 @@ class PartRunner:
                 results[line.number] = api_failure(line.number, line.custom_id, error)
                 continue
             accepted.append((line, req, seqs))
-        groups: list[list[tuple[Line, EmbeddingRequest, Sequences]]] = []
-        group: list[tuple[Line, EmbeddingRequest, Sequences]] = []
+        groups: list[list[tuple[Line, EmbeddingRequest, RaggedIds]]] = []
+        group: list[tuple[Line, EmbeddingRequest, RaggedIds]] = []
         tokens = 0
         for item in accepted:
             if group and tokens + item[2].num_tokens > self.run_tokens:
@@ -172,8 +165,8 @@ class PartRunner:
             results.update(done)
         return results
 
-    async def _embed_group(self, group: list[tuple[Line, EmbeddingRequest, Sequences]]) -> dict[int, ResultLine]:
-        seqs = concatenate([s for _, _, s in group])
+    async def _embed_group(self, group: list[tuple[Line, EmbeddingRequest, RaggedIds]]) -> dict[int, ResultLine]:
+        seqs = RaggedIds.concat([s for _, _, s in group])
         normalize = self.service.info.normalize
         await self.reserve(seqs.num_tokens)
         try:

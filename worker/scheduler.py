@@ -34,6 +34,7 @@ import numpy as np
 
 from quiver.common.model_info import KIND_SPARSE, tasks_for_kind
 from quiver.common.protocol import PRIORITY_ONLINE, TASK_TOKENS, Cancel, Chunk, Error, ErrorCode, Message, Result
+from quiver.common.ragged import RaggedError, RaggedLimits
 from quiver.worker import metrics
 from quiver.worker.engine.batch import Batch
 from quiver.worker.host_memory import TRIM_EVERY_STEPS, release_free_memory
@@ -67,7 +68,7 @@ class StepResult(Protocol):
 
 @runtime_checkable
 class StepEngine(Protocol):
-    """The engine as the scheduler uses it: info.model (kind, vocab_size, max_input_length),
+    """The engine as the scheduler uses it: info.model (a ModelInfo: kind, vocabulary, length limit, token types),
     info.output_dim, and step(), which launches one batch and returns at once on a GPU."""
 
     info: Any
@@ -77,10 +78,9 @@ class StepEngine(Protocol):
 
 @dataclass(eq=False)
 class ChunkJob:
-    chunk: Chunk
+    chunk: Chunk  # its rows are chunk.ids (common.ragged), validated on intake
     received: float
     deadline: float
-    offsets: np.ndarray
     rows_left: int  # rows whose results have not come back
     next_row: int = 0  # the first row not yet taken into a step
     values: np.ndarray | None = None
@@ -127,8 +127,9 @@ class Scheduler:
         self.background_step_tokens = background_step_tokens or DEFAULT_BACKGROUND_STEP_TOKENS.get(device_type, 64)
         self.online_seen = float("-inf")  # when an online chunk last arrived or waited
         model = engine.info.model
-        self.vocab_size = model.vocab_size
-        self.max_seq_len = model.max_input_length
+        type_vocab_size = int(model.config.get("type_vocab_size", 1) or 1) if model.uses_token_types else None
+        self.limits = RaggedLimits(vocab_size=model.vocab_size, max_length=model.max_input_length,
+                                   type_vocab_size=type_vocab_size)
         self.output_dim = engine.info.output_dim
         self.waiting: collections.deque[ChunkJob] = collections.deque()  # jobs with rows not yet taken
         self.waiting_seqs = 0
@@ -153,10 +154,7 @@ class Scheduler:
             self._fail_chunk(message.chunk_id, ErrorCode.BAD_INPUT, problem)
             return
         now = time.monotonic()
-        offsets = np.zeros(message.num_seqs + 1, dtype=np.int64)
-        np.cumsum(message.seq_lens, out=offsets[1:])
-        job = ChunkJob(chunk=message, received=now, deadline=now + message.timeout_s,
-                       offsets=offsets, rows_left=message.num_seqs)
+        job = ChunkJob(chunk=message, received=now, deadline=now + message.timeout_s, rows_left=message.num_seqs)
         if not job.background:
             self.online_seen = now
         self.jobs[message.chunk_id] = job
@@ -164,14 +162,13 @@ class Scheduler:
         self.waiting_seqs += message.num_seqs
 
     def _check(self, chunk: Chunk) -> str:
+        """Why this worker cannot run the chunk ("" when it can): the worker's one validation of its ids."""
         if chunk.task not in self.tasks:
             return f"this worker's model does not do {chunk.task!r}"
-        ids = chunk.input_ids
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
-            return f"token ids must lie in [0, {self.vocab_size})"
-        longest = int(chunk.seq_lens.max())
-        if longest > self.max_seq_len:
-            return f"a sequence of {longest} tokens is longer than the model's limit of {self.max_seq_len}"
+        try:
+            chunk.ids.validate(self.limits)
+        except RaggedError as exc:
+            return f"the chunk's token ids do not fit this model: {exc}"
         return ""
 
     # batching ----------------------------------------------------------------------------------
@@ -225,23 +222,9 @@ class Scheduler:
 
     @staticmethod
     def _assemble(refs: list[SequenceRef]) -> Batch:
-        def rows_of(ref: SequenceRef, name: str) -> np.ndarray:
-            array = getattr(ref.job.chunk, name)
-            if array is None:  # a chunk without segment ids batched with one that has them
-                return np.zeros(ref.length, dtype=np.int32)
-            return array[ref.job.offsets[ref.row]:ref.job.offsets[ref.row + 1]]
-
-        def gather(name: str) -> np.ndarray:
-            return np.concatenate([rows_of(ref, name) for ref in refs]).astype(np.int32, copy=False)
-
-        with_types = any(ref.job.chunk.has_token_types for ref in refs)
-        return Batch(
-            input_ids=gather("input_ids"),
-            seq_lens=np.fromiter((ref.length for ref in refs), dtype=np.int32, count=len(refs)),
-            token_type_ids=gather("token_type_ids") if with_types else None,
-            normalize=np.fromiter((ref.job.chunk.normalize for ref in refs), dtype=bool, count=len(refs)),
-            token_rows=refs[0].job.chunk.task == TASK_TOKENS,
-        )
+        return Batch.gather([(ref.job.chunk.ids, ref.row) for ref in refs],
+                            normalize=np.fromiter((ref.job.chunk.normalize for ref in refs), dtype=bool, count=len(refs)),
+                            token_rows=refs[0].job.chunk.task == TASK_TOKENS)
 
     # results -----------------------------------------------------------------------------------
     def launch(self, batch: Batch, refs: list[SequenceRef]) -> InFlightBatch:
@@ -298,7 +281,7 @@ class Scheduler:
             if not job.closed:
                 if job.values is None:
                     job.values = np.empty((job.chunk.num_tokens, rows.shape[1]), dtype=np.float32)
-                job.values[job.offsets[ref.row]:job.offsets[ref.row + 1]] = rows[start:start + length]
+                job.values[job.chunk.ids.offsets[ref.row]:job.chunk.ids.offsets[ref.row + 1]] = rows[start:start + length]
                 job.rows_left -= 1
             start += length
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from quiver.common.ragged import RaggedIds
 from quiver.frontend.long_inputs import Windows, split_ids, weighted_mean
-from quiver.frontend.tokenization import Sequences
 
 
 def test_windows_keep_special_tokens_and_cover_every_token() -> None:
@@ -19,7 +19,7 @@ def test_windows_keep_special_tokens_and_cover_every_token() -> None:
 
 def test_weighted_mean_by_window_tokens() -> None:
     rows = np.array([[1.0, 0.0], [0.0, 1.0], [3.0, 4.0]], dtype=np.float32)
-    windows = Windows(Sequences.from_lists([[1, 2, 3], [4], [5, 6]]), np.array([0, 0, 1]), 2)
+    windows = Windows(RaggedIds.from_lists([[1, 2, 3], [4], [5, 6]]), np.array([0, 0, 1]), 2)
     means = weighted_mean(rows, windows, normalize=False)
     np.testing.assert_allclose(means, [[0.75, 0.25], [3.0, 4.0]])
     unit = weighted_mean(rows, windows, normalize=True)

@@ -50,8 +50,8 @@ def pack_batch(batch: Batch, shape: StepShape, out: np.ndarray, use_token_types:
     lens[:n] = batch.seq_lens
     if tokens > t:
         lens[n] = tokens - t
-    cu = np.zeros(rows + 1, dtype=np.int64)
-    np.cumsum(lens, out=cu[1:])
+    cu = np.full(rows + 1, tokens, dtype=np.int64)  # the padding row ends at `tokens`, empty rows after it too
+    cu[: n + 1] = batch.offsets
 
     size = packed_size(rows, tokens)
     buf = out[:size]
