@@ -92,7 +92,7 @@ class BlockingEngine:
 
     def __init__(self) -> None:
         model = types.SimpleNamespace(kind="embedding", vocab_size=100, max_input_length=64, uses_token_types=False)
-        self.info = types.SimpleNamespace(model=model, output_dim=4)
+        self.info = types.SimpleNamespace(model=model, output_dim=4, device="cpu")
         self.hold = threading.Event()
         self.hold.set()
 
