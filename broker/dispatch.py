@@ -225,7 +225,7 @@ class Dispatcher:
     def enqueue(self, chunk: PendingChunk, front: bool = False, now: float = 0.0) -> None:
         """Hold a chunk in its model's pool until a worker has room; a requeued chunk goes to the front
         (past the bound: it was admitted once already). `now` is when it began to wait."""
-        if not front and sum(1 for c in self.queued.values() if c.background == chunk.background) >= self.max_queued:
+        if not front and self._waiting_of_priority(chunk.background) >= self.max_queued:
             raise QueueFull
         pool = self.pools.get(chunk.model)
         if pool is None:
@@ -233,6 +233,10 @@ class Dispatcher:
         pool.push(chunk, front)
         chunk.queued_at = now
         self.queued[chunk.chunk_id] = chunk
+
+    def _waiting_of_priority(self, background: bool) -> int:
+        """Waiting chunks of one priority over every pool (a sum over models, not over chunks)."""
+        return sum(len(pool.background if background else pool.online) for pool in self.pools.values())
 
     def waits_ahead(self, chunk: PendingChunk) -> bool:
         """Whether waiting chunks of its model go before this new one (see ModelPool.waits_ahead)."""
