@@ -83,6 +83,7 @@ class BrokerClient:
         self._receive_scheduled = False
         self._heartbeats: asyncio.Task | None = None
         self._socket_since = 0.0
+        self._recheck: asyncio.Future | None = None
 
     @property
     def broker_alive(self) -> bool:
@@ -156,6 +157,21 @@ class BrokerClient:
             pass
         return self.broker_alive
 
+    async def recheck_workers(self) -> bool:
+        """Ask the broker now whether a worker is live and wait at most one heartbeat interval for its
+        answer: the count from the last heartbeat may predate a worker's READY, and a request refused on
+        it would be refused while a worker serves. Concurrent callers share one question."""
+        if self.sock is None or not self.broker_alive:
+            return False
+        if self._recheck is None or self._recheck.done():
+            self._recheck = asyncio.get_running_loop().create_future()
+            self._send(self._heartbeat())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._recheck), self.interval)
+        except asyncio.TimeoutError:
+            pass
+        return self.healthy
+
     async def close(self) -> None:
         if self._heartbeats is not None:
             self._heartbeats.cancel()
@@ -217,6 +233,8 @@ class BrokerClient:
             self.live_workers = message.live_workers
             self.workers_by_model = message.workers_by_model
             metrics.LIVE_WORKERS.set(message.live_workers)
+            if self._recheck is not None and not self._recheck.done():
+                self._recheck.set_result(None)
             if message.broker_id != self.broker_id:
                 restarted = bool(self.broker_id)
                 if restarted:

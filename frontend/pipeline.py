@@ -103,7 +103,7 @@ class Pipeline:
 
     async def run_results(self, seqs: RaggedIds, task: str, normalize: bool, timings: Timings) -> list[Result]:
         """The chunks' results in input order (dense, or sparse for SPLADE models), or an APIError."""
-        if not self.client.healthy:
+        if not self.client.healthy and not await self.client.recheck_workers():
             reason = "no worker is live" if self.client.broker_alive else "the broker is unreachable"
             raise APIError("unavailable", f"{reason}; try again shortly", headers={"Retry-After": RETRY_AFTER_S})
         ticket = CURRENT_TICKET.get()

@@ -35,7 +35,7 @@ async def health(call: Call) -> Response:
     client = call.service.client
     if not client.broker_alive:
         raise APIError("unavailable", "the broker is unreachable")
-    if client.live_workers == 0:
+    if client.live_workers == 0 and not await client.recheck_workers():
         raise APIError("unavailable", "no worker is live")
     body: dict[str, object] = {"status": "ok", "live_workers": client.live_workers}
     services = call.request.app.state.models.services

@@ -141,3 +141,24 @@ def test_client_disconnect_cancels_its_chunks(workload):
         started = time.monotonic()
         assert httpx.post(cluster.url + "/embed", json={"inputs": "next"}, timeout=30).status_code == 200
         assert time.monotonic() - started < 5
+
+
+def test_a_worker_that_joins_serves_at_once_although_the_frontends_last_heartbeat_said_none():
+    # Heartbeats 3 s apart: the frontend's last answer from the broker says no worker is live for up to
+    # 3 s after the worker's READY. A request in that time is served, not refused on the stale count.
+    broker_metrics = free_port()
+    cluster = Cluster(workers=0, heartbeat_interval_s=3.0, broker_args=["--metrics-port", str(broker_metrics)])
+    try:
+        cluster.start_broker()
+        cluster.start_frontend()
+        cluster.wait_live_workers(0, timeout=60)
+        cluster.start_worker()
+        url = f"http://127.0.0.1:{broker_metrics}/metrics"
+        end = time.monotonic() + 120
+        while time.monotonic() < end and metric(url, "quiver_broker_worker_up") < 1:
+            time.sleep(0.02)
+        response = httpx.post(cluster.url + "/embed", json={"inputs": "served at once"}, timeout=30)
+        assert response.status_code == 200, response.text
+        assert cluster.health().json()["live_workers"] == 1
+    finally:
+        cluster.stop()
