@@ -3,6 +3,8 @@
 "openai": POST /v1/embeddings (OpenAI) and POST /v1/rerank (Cohere/Jina), as Quiver and vLLM serve them.
 "tei": POST /embed and POST /rerank, as Text Embeddings Inference and Quiver serve them.
 Both accept token ids in place of text, which the latency and throughput benchmarks rely on.
+A sparse (SPLADE) model is embedded through POST /embed_sparse whatever the flavour (neither OpenAI
+route serves it); its answers are read back as dense rows of the vocabulary's width.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ Inputs = list[str] | list[list[int]]
 class ServerApi:
     flavour: str  # "openai" | "tei"
     model: str = ""  # the model name requests carry ("" leaves it out: the server's first model)
+    sparse_dim: int = 0  # a sparse model's vocabulary size; 0 for dense embedders
 
     def embed_request(self, inputs: Inputs) -> tuple[str, bytes]:
+        if self.sparse_dim:
+            return "/embed_sparse", json.dumps({"inputs": inputs}).encode()
         if self.flavour == "openai":
             body: dict[str, Any] = {"input": inputs}
             if self.model:
@@ -43,6 +48,8 @@ class ServerApi:
     def embeddings_of(self, body: bytes) -> np.ndarray:
         """float32 [inputs, dim] in input order."""
         parsed = json.loads(body)
+        if self.sparse_dim:
+            return densify(parsed, self.sparse_dim)
         if self.flavour == "openai":
             rows = [item["embedding"] for item in sorted(parsed["data"], key=lambda item: item["index"])]
         else:
@@ -58,6 +65,15 @@ class ServerApi:
         for item in items:
             scores[int(item["index"])] = float(item[key])
         return scores
+
+
+def densify(rows: list[list[dict[str, Any]]], width: int) -> np.ndarray:
+    """TEI's sparse answer ([{index, value}] per input) as float32 [inputs, width]."""
+    dense = np.zeros((len(rows), width), dtype=np.float32)
+    for i, row in enumerate(rows):
+        if row:
+            dense[i, [int(item["index"]) for item in row]] = [float(item["value"]) for item in row]
+    return dense
 
 
 async def get_json(session: HttpSession, path: str) -> Any | None:

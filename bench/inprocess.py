@@ -16,7 +16,7 @@ import torch
 from tokenizers import Tokenizer
 
 from quiver.bench.engine.checkpoints import load_reference, make_bidirectional
-from quiver.common.model_info import DECODER_TYPES, KIND_CLASSIFIER, KIND_EMBEDDING, ModelInfo
+from quiver.common.model_info import DECODER_TYPES, KIND_CLASSIFIER, KIND_EMBEDDING, KIND_SPARSE, ModelInfo
 
 def quiet_transformers() -> None:
     """No "Loading weights" progress bars from transformers in the benchmark's output."""
@@ -67,8 +67,15 @@ def _load_scorer(info: ModelInfo, device: str, dtype: torch.dtype) -> Any:
     return model
 
 
+def _load_masked_lm(info: ModelInfo, device: str, dtype: torch.dtype) -> Any:
+    from transformers import AutoModelForMaskedLM
+
+    return AutoModelForMaskedLM.from_pretrained(str(info.path), dtype=dtype).to(device).eval()
+
+
 class TransformersRunner:
-    """transformers on one device; embeds token ids or texts, or scores query/document pairs."""
+    """transformers on one device; embeds token ids or texts (SPLADE: max over tokens of log(1 + relu) of
+    the masked-LM logits, as dense rows of the vocabulary's width), or scores query/document pairs."""
 
     def __init__(self, info: ModelInfo, device: str, dtype: str) -> None:
         self.info = info
@@ -76,6 +83,8 @@ class TransformersRunner:
         quiet_transformers()
         if info.kind == KIND_EMBEDDING:
             self.model = load_reference(info.path, device, DTYPES[dtype])
+        elif info.kind == KIND_SPARSE:
+            self.model = _load_masked_lm(info, device, DTYPES[dtype])
         elif info.kind == KIND_CLASSIFIER and info.num_labels == 1:
             self.model = _load_scorer(info, device, DTYPES[dtype])
         else:
@@ -98,7 +107,7 @@ class TransformersRunner:
 
     @torch.inference_mode()
     def embed_ids(self, rows: np.ndarray | list[list[int]]) -> np.ndarray:
-        if self.info.kind != KIND_EMBEDDING:
+        if self.info.kind not in (KIND_EMBEDDING, KIND_SPARSE):
             raise Unsupported(f"the model is a {self.info.kind}, not an embedder")
         if isinstance(rows, np.ndarray):  # equal lengths: no mask, so attention can take its fastest kernel
             ids = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(self.device)
@@ -106,6 +115,10 @@ class TransformersRunner:
         else:
             ids, mask = self._padded(rows)
             model_mask = mask
+        if self.info.kind == KIND_SPARSE:
+            logits = self.model(input_ids=ids, attention_mask=model_mask).logits.float()
+            weights = torch.log1p(torch.relu(logits)) * mask.unsqueeze(-1)
+            return weights.amax(dim=1).cpu().numpy()
         hidden = self.model(input_ids=ids, attention_mask=model_mask).last_hidden_state
         pooled = pool(hidden, mask, self.info.pooling).float()
         if self.info.normalize:

@@ -79,6 +79,14 @@ def markdown(results: dict[str, Any]) -> str:
         if verdict.get("kind") == "embeddings":
             lines.append(f"- {name}: min cosine {verdict['min_cosine']} over {verdict['inputs']} inputs "
                          f"(threshold {verdict['threshold']}): {'passed' if verdict['passed'] else 'FAILED'}")
+            outputs = verdict.get("outputs", {})
+            if "sparse" in outputs:
+                sparse, colbert = outputs["sparse"], outputs["colbert"]
+                lines.append(f"  - sparse: min cosine {sparse['min_cosine']}, largest weight difference "
+                             f"{sparse['max_error']}; ColBERT: min mean cosine {colbert['min_mean_cosine']} "
+                             f"(worst token {colbert['min_token_cosine']}): passed")
+            elif outputs:
+                lines.append(f"  - sparse and ColBERT: {outputs.get('message')}")
         elif verdict.get("kind") == "scores":
             lines.append(f"- {name}: max score difference {verdict['max_error']} over {verdict['inputs']} documents "
                          f"(threshold {verdict['threshold']}): {'passed' if verdict['passed'] else 'FAILED'}")

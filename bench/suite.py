@@ -26,6 +26,7 @@ from quiver.bench.benchmarks import BenchmarkRun, Progress, collapse
 from quiver.bench.config import BenchConfig
 from quiver.bench.corpus import SCORING_QUERY, TokenCorpus
 from quiver.bench.gate import GateFailed, GateInputs, check_embeddings, check_scores
+from quiver.bench.gate_outputs import check_m3_outputs
 from quiver.bench.http_client import HttpSession, open_session
 from quiver.bench.inprocess import (
     SentenceTransformersRunner, TransformersRunner, Unsupported, default_device, default_dtype,
@@ -33,7 +34,7 @@ from quiver.bench.inprocess import (
 from quiver.bench.report import markdown, write_json, write_plots
 from quiver.bench.targets import HttpTarget, InProcessTarget, RequestFailed, Target
 from quiver.bench.workloads import ServerFacts, Workloads, build_workloads
-from quiver.common.model_info import KIND_CLASSIFIER, KIND_EMBEDDING, ModelError, ModelInfo, default_model_dir, load_model_info
+from quiver.common.model_info import KIND_CLASSIFIER, KIND_SPARSE, ModelError, ModelInfo, default_model_dir, load_model_info
 
 GATE_TEXTS = 8
 GATE_DOCUMENTS = 4
@@ -81,13 +82,15 @@ async def _run(config: BenchConfig) -> int:
         corpus = TokenCorpus(info.tokenizer_path, prompt=info.prompts.get(info.default_prompt_name or "", ""))
         work = build_workloads(config, corpus, facts)
         results = _skeleton(config, server_info, work, device, dtype, session.name)
-        quiver = HttpTarget("quiver", config.url, session, ServerApi(config.api, config.served_model))
+        sparse_dim = info.output_dim if info.kind == KIND_SPARSE else 0
+        quiver = HttpTarget("quiver", config.url, session, ServerApi(config.api, config.served_model, sparse_dim))
         servers: list[HttpTarget] = [quiver]
         for index, spec in enumerate(config.compare):
             name, url = _compare_name_url(spec, index)
             target_session = session_for(url)
             try:
-                api = await detect_api(target_session, config.compare_api, config.compare_model)
+                api = dataclasses.replace(await detect_api(target_session, config.compare_api, config.compare_model),
+                                          sparse_dim=sparse_dim)
             except RuntimeError as exc:
                 raise SetupError(f"--compare {url}: {exc}") from exc
             servers.append(HttpTarget(name, url, target_session, api))
@@ -172,8 +175,11 @@ async def _gate_all(servers: list[HttpTarget], info: ModelInfo, inputs: GateInpu
     try:
         for target in servers:
             try:
-                if info.kind == KIND_EMBEDDING:
+                if info.kind != KIND_CLASSIFIER:
                     verdict = await check_embeddings(target, reference, inputs, config.min_cosine)
+                    if info.m3_heads and target is servers[0]:
+                        verdict["outputs"] = await check_m3_outputs(target, info, device, inputs.texts,
+                                                                    config.min_cosine)
                 else:
                     verdict = await check_scores(target, reference, inputs, config.max_score_error)
             except GateFailed as exc:

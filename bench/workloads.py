@@ -80,12 +80,13 @@ def _body_bytes(batch: int, length: int) -> int:
 def build_workloads(config: BenchConfig, corpus: TokenCorpus, facts: ServerFacts) -> Workloads:
     work = Workloads()
     chosen = set(config.benchmarks)
-    embedder = facts.model_kind == "embedding"
+    embedder = facts.model_kind in ("embedding", "sparse")  # a sparse model is timed through /embed_sparse
     for name in chosen & {"latency", "throughput", "concurrency", "bulk"}:
         if not embedder:
             work.note(name, f"the server runs a {facts.model_kind} model, not an embedder; skipped")
     if "scoring" in chosen and embedder:
-        work.note("scoring", "the server runs an embedding model, not a scorer; skipped")
+        work.note("scoring", f"the server runs a{'n' if facts.model_kind == 'embedding' else ''} {facts.model_kind} "
+                             "model, not a scorer; skipped")
 
     if "latency" in chosen and embedder:
         for length in _fitting("latency", config.latency_lengths, facts, work):

@@ -242,7 +242,8 @@ def bge_m3(root: Path, sizes: dict[str, Any] | None = None) -> Path:
     _write_json(path / "1_Pooling" / "config.json", {
         "word_embedding_dimension": hidden, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False,
         "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False})
-    _write_json(path / "sentence_bert_config.json", {"max_seq_length": M3_MAX_POSITIONS - 2, "do_lower_case": False})
+    _write_json(path / "sentence_bert_config.json", {"max_seq_length": config.max_position_embeddings - 2,
+                                                      "do_lower_case": False})
     return path
 
 
