@@ -79,6 +79,7 @@ class Broker:
         self.next_heartbeat = 0.0
         self.gauges_due: float | None = 0.0  # when the gauges are next set; None: nothing changed
         self.dispatch_counters: dict[str, Any] = {}  # worker name -> its DISPATCHES child
+        self.received_counters: dict[str, Any] = {}  # model name -> its CHUNKS_RECEIVED child
         log.info("broker %s listening: frontends on %s, workers on %s",
                  self.instance_id, settings.frontend_endpoint, settings.worker_endpoint)
 
@@ -133,8 +134,6 @@ class Broker:
                 self.refusals.warn("message", f"malformed from a {peer}", "%s", exc)
             else:
                 handler(identity, message)
-            if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                return
 
     def stop(self, *_: object) -> None:
         self.running = False
@@ -219,7 +218,11 @@ class Broker:
             known.add_sender(frontend)
             metrics.DUPLICATE_CHUNKS.inc()
             return
-        metrics.CHUNKS_RECEIVED.labels(self.models.models.get(str(message.header.get("model", "")), "")).inc()
+        model_name = self.models.models.get(model, "")
+        counter = self.received_counters.get(model_name)
+        if counter is None:
+            counter = self.received_counters[model_name] = metrics.CHUNKS_RECEIVED.labels(model_name)
+        counter.inc()
         timeout_s = float(message.header["timeout_s"])
         self._submit(PendingChunk(message=message, frontends=[frontend], deadline=time.monotonic() + timeout_s))
 

@@ -34,7 +34,9 @@ class PendingChunk:
     `message` is the CHUNK as received (header checked, array frames unread). `frontends` are the
     identities it came from: one, unless its frontend sent it again from a rebuilt socket; the answer
     goes to each (a closed one drops it), since which copy arrived last says nothing of which socket
-    is still open."""
+    is still open. The header fields the dispatch policy reads are copied out once, at receipt: every
+    dispatch decision reads them again, and a header lookup with its conversion costs ten times an
+    attribute's."""
 
     message: Routed
     frontends: list[bytes]
@@ -46,35 +48,25 @@ class PendingChunk:
     former_workers: set[bytes] = field(default_factory=set)
     # When it last began to wait in its model's pool (the broker bounds a wait for a model with no worker).
     queued_at: float = 0.0
+    chunk_id: str = field(init=False)
+    task: str = field(init=False)
+    model: str = field(init=False)  # the fingerprint of the model it is for; '' for any worker
+    num_tokens: int = field(init=False)
+    num_seqs: int = field(init=False)
+    background: bool = field(init=False)
 
-    @property
-    def chunk_id(self) -> str:
-        return self.message.chunk_id
+    def __post_init__(self) -> None:
+        header = self.message.header
+        self.chunk_id = str(header["chunk_id"])
+        self.task = str(header["task"])
+        self.model = str(header.get("model", ""))
+        self.num_tokens = int(header["num_tokens"])
+        self.num_seqs = int(header["num_seqs"])
+        self.background = int(header.get("priority", PRIORITY_ONLINE)) != PRIORITY_ONLINE
 
     def add_sender(self, frontend: bytes) -> None:
         if frontend not in self.frontends:
             self.frontends = [*self.frontends, frontend][-MAX_SENDERS:]
-
-    @property
-    def task(self) -> str:
-        return str(self.message.header["task"])
-
-    @property
-    def model(self) -> str:
-        """The fingerprint of the model the chunk is for; '' for any worker."""
-        return str(self.message.header.get("model", ""))
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.message.header["num_tokens"])
-
-    @property
-    def num_seqs(self) -> int:
-        return int(self.message.header["num_seqs"])
-
-    @property
-    def background(self) -> bool:
-        return int(self.message.header.get("priority", PRIORITY_ONLINE)) != PRIORITY_ONLINE
 
 
 @dataclass
@@ -89,10 +81,13 @@ class WorkerState:
     output_dtype: str = "float32"
     model: str = ""
     fingerprint: str = ""
-    outstanding_tokens: int = 0
-    draining: bool = False
-    inflight: dict[str, PendingChunk] = field(default_factory=dict)
     token_dim: int = 0  # width of its TASK_TOKENS result rows
+    draining: bool = False
+    # What it holds: the chunks, and their sums kept as they come and go (Dispatcher.assign, _unassign).
+    inflight: dict[str, PendingChunk] = field(default_factory=dict)
+    outstanding_tokens: int = 0
+    online_tokens: int = 0
+    background_chunks: int = 0
 
     def serves(self, model: str) -> bool:
         return not model or model == self.fingerprint
@@ -103,12 +98,23 @@ class WorkerState:
             return False
         if chunk.background:
             return not self.inflight or self.outstanding_tokens + chunk.num_tokens <= self.capacity_tokens
-        online = [c.num_tokens for c in self.inflight.values() if not c.background]
-        return not online or sum(online) + chunk.num_tokens <= self.capacity_tokens
+        return not self.online_tokens or self.online_tokens + chunk.num_tokens <= self.capacity_tokens
 
-    @property
-    def background_chunks(self) -> int:
-        return sum(1 for c in self.inflight.values() if c.background)
+    def hold(self, chunk: PendingChunk) -> None:
+        self.inflight[chunk.chunk_id] = chunk
+        self._count(chunk, 1)
+
+    def release(self, chunk_id: str) -> None:
+        chunk = self.inflight.pop(chunk_id, None)
+        if chunk is not None:
+            self._count(chunk, -1)
+
+    def _count(self, chunk: PendingChunk, sign: int) -> None:
+        self.outstanding_tokens += sign * chunk.num_tokens
+        if chunk.background:
+            self.background_chunks += sign
+        else:
+            self.online_tokens += sign * chunk.num_tokens
 
 
 class QueueFull(Exception):
@@ -187,6 +193,7 @@ class Dispatcher:
         known = self.workers.get(worker.identity)
         if known is not None:
             worker.inflight, worker.outstanding_tokens = known.inflight, known.outstanding_tokens
+            worker.online_tokens, worker.background_chunks = known.online_tokens, known.background_chunks
         self.workers[worker.identity] = worker
 
     def remove_worker(self, identity: bytes) -> list[PendingChunk]:
@@ -218,8 +225,7 @@ class Dispatcher:
     def assign(self, chunk: PendingChunk, worker: WorkerState, hold_until: float = float("inf")) -> None:
         chunk.worker = worker.identity
         chunk.hold_until = hold_until
-        worker.inflight[chunk.chunk_id] = chunk
-        worker.outstanding_tokens += chunk.num_tokens
+        worker.hold(chunk)
         self.inflight[chunk.chunk_id] = chunk
 
     def enqueue(self, chunk: PendingChunk, front: bool = False, now: float = 0.0) -> None:
@@ -272,8 +278,8 @@ class Dispatcher:
 
     def _unassign(self, chunk: PendingChunk) -> None:
         worker = self.workers.get(chunk.worker) if chunk.worker is not None else None
-        if worker is not None and worker.inflight.pop(chunk.chunk_id, None) is not None:
-            worker.outstanding_tokens -= chunk.num_tokens
+        if worker is not None:
+            worker.release(chunk.chunk_id)
         chunk.worker = None
 
     def complete(self, chunk_id: str) -> PendingChunk | None:

@@ -31,25 +31,45 @@ def make_socket(ctx: zmq.Context, kind: int, identity: bytes | None = None, hand
     return sock
 
 
+# pyzmq's send_multipart and recv_multipart combine flags and read RCVMORE as enum members, a few
+# microseconds per frame; the broker's per-message cost is a few dozen. Plain ints and Frame.more here.
+_SNDMORE = int(zmq.SNDMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
+
+
 def send(sock: zmq.Socket, message: Message, identity: bytes | None = None) -> None:
-    frames: list[Any] = message.encode()
+    send_frames(sock, message.encode(), identity)
+
+
+def send_frames(sock: zmq.Socket, frames: list[Any], identity: bytes | None = None, flags: int = 0) -> None:
+    """Send already-encoded frames (bytes, buffers or received Frames, not copied), optionally routed to
+    `identity`. With NOBLOCK a full queue raises zmq.Again at the first frame, before any is queued."""
+    send_one = sock.send
+    more = _SNDMORE | flags
     if identity is not None:
-        frames = [identity, *frames]
-    sock.send_multipart(frames, copy=False)
+        send_one(identity, more)
+    for frame in frames[:-1]:
+        send_one(frame, more, copy=False)
+    send_one(frames[-1], flags, copy=False)
 
 
-def send_frames(sock: zmq.Socket, frames: list[Any], identity: bytes | None = None) -> None:
-    """Forward already-encoded frames, optionally routed to `identity`."""
-    sock.send_multipart([identity, *frames] if identity is not None else frames, copy=False)
+def recv_frames(sock: zmq.Socket, flags: int = _NOBLOCK) -> list[zmq.Frame]:
+    """Every frame of the next message, not copied. Raises zmq.Again when nothing is waiting."""
+    frame = sock.recv(flags, copy=False)
+    frames = [frame]
+    while frame.more:
+        frame = sock.recv(flags, copy=False)
+        frames.append(frame)
+    return frames
 
 
-def recv_peeked(sock: zmq.Socket, flags: int = zmq.NOBLOCK) -> tuple[bytes, Message | Routed]:
+def recv_peeked(sock: zmq.Socket, flags: int = _NOBLOCK) -> tuple[bytes, Message | Routed]:
     """Receive on the broker's ROUTERs: (peer identity, message), CHUNK and RESULT left undecoded
     (see protocol.peek). Raises ProtocolError on bad input, zmq.Again when nothing is waiting."""
-    identity, frames = split_identity(sock.recv_multipart(flags, copy=False))
+    identity, frames = split_identity(recv_frames(sock, flags))
     return identity, peek(frames)
 
 
-def recv(sock: zmq.Socket, flags: int = zmq.NOBLOCK) -> Message:
+def recv(sock: zmq.Socket, flags: int = _NOBLOCK) -> Message:
     """Receive on a DEALER. Raises ProtocolError on bad input, zmq.Again when nothing is waiting."""
-    return decode(sock.recv_multipart(flags, copy=False))
+    return decode(recv_frames(sock, flags))

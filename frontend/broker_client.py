@@ -33,11 +33,12 @@ from quiver.common.protocol import (
     Cancel, Chunk, Disconnect, Error, Heartbeat, Message, ProtocolError, Result, decode,
 )
 from quiver.common.security import CurveClient
-from quiver.common.transport import make_socket
+from quiver.common.transport import make_socket, recv_frames, send_frames
 from quiver.frontend import metrics
 
 log = logging.getLogger("quiver.frontend.broker")
 
+NOBLOCK = int(zmq.NOBLOCK)
 # Messages received in one reader callback before the event loop gets its turn back.
 MAX_MESSAGES_PER_CALLBACK = 256
 
@@ -136,7 +137,7 @@ class BrokerClient:
         """Queue a message for the broker without blocking; False when ZeroMQ's queue is full."""
         assert self.sock is not None
         try:
-            self.sock.send_multipart(message.encode(), zmq.NOBLOCK, copy=False)
+            send_frames(self.sock, message.encode(), flags=NOBLOCK)
         except zmq.Again:
             return False
         if int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
@@ -209,7 +210,7 @@ class BrokerClient:
             return
         for _ in range(MAX_MESSAGES_PER_CALLBACK):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_frames(sock)
             except zmq.Again:
                 return
             try:

@@ -21,7 +21,7 @@ import zmq
 from quiver.common.config import WorkerSettings
 from quiver.common.protocol import Cancel, Chunk, Disconnect, Heartbeat, ProtocolError, Ready, Reconnect
 from quiver.common.security import client_from
-from quiver.common.transport import make_socket, recv, send, send_frames
+from quiver.common.transport import make_socket, recv, recv_frames, send, send_frames
 
 log = logging.getLogger("quiver.worker.link")
 
@@ -129,7 +129,7 @@ class BrokerLink(threading.Thread):
     def _forward_outbox(self, outbox: zmq.Socket, sock: zmq.Socket) -> None:
         while True:
             try:
-                frames = outbox.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_frames(outbox)
             except zmq.Again:
                 return
             send_frames(sock, frames)
