@@ -217,10 +217,16 @@ class Dispatcher:
     # chunks ----------------------------------------------------------------------------------
     def pick_worker(self, chunk: PendingChunk) -> WorkerState | None:
         """The fitting worker with the fewest outstanding tokens, one that lost this chunk before last."""
-        candidates = [w for w in self.workers.values() if w.fits(chunk)
-                      and not (chunk.background and w.background_chunks >= self.max_background)]
-        return min(candidates, key=lambda w: (w.identity in chunk.former_workers, w.outstanding_tokens),
-                   default=None)
+        best, best_key = None, (True, 0)
+        for worker in self.workers.values():
+            if not worker.fits(chunk) or (chunk.background and worker.background_chunks >= self.max_background):
+                continue
+            key = (worker.identity in chunk.former_workers, worker.outstanding_tokens)
+            if best is None or key < best_key:
+                best, best_key = worker, key
+                if key == (False, 0):
+                    break  # idle and never lost this chunk: no worker is better
+        return best
 
     def assign(self, chunk: PendingChunk, worker: WorkerState, hold_until: float = float("inf")) -> None:
         chunk.worker = worker.identity
