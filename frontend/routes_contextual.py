@@ -26,7 +26,7 @@ from quiver.frontend.errors import APIError
 from quiver.frontend.http import Call, json_response
 from quiver.frontend.pipeline import Timings
 from quiver.frontend.quantize import encode_rows
-from quiver.frontend.schemas import EncodingFormat, Request, Usage
+from quiver.frontend.schemas import MODEL_HELP, EncodingFormat, Request, Usage
 from quiver.frontend.service import Service, matryoshka
 from quiver.frontend.token_outputs import record_request, run_token_rows
 from quiver.common.ragged import RaggedIds
@@ -38,7 +38,7 @@ class ContextualizedEmbeddingRequest(Request):
 
     input: list[list[StrictStr]] = Field(description="documents, each a list of its chunks in document order; "
                                                      "each chunk is embedded with its whole document as context")
-    model: str | None = Field(None, description="accepted for compatibility; the server runs one model")
+    model: str | None = Field(None, description=MODEL_HELP)
     dimensions: int | None = Field(None, description="Matryoshka: keep the first N dimensions, renormalised")
     encoding_format: EncodingFormat = Field("float", description="as /v1/embeddings")
 

@@ -8,6 +8,7 @@ from typing import Any, Awaitable, Callable
 import numpy as np
 from starlette.responses import Response
 
+from quiver.common.model_info import OUTPUT_DENSE
 from quiver.frontend.http import Call, json_response
 from quiver.frontend.long_inputs import embed_split
 from quiver.frontend.quantize import encode_rows
@@ -23,7 +24,7 @@ def _embed(call: Call, split_long_inputs: bool | None) -> Callable[..., Awaitabl
 
 async def openai_embeddings(call: Call) -> Response:
     req: EmbeddingRequest = call.body
-    if req.outputs is not None and req.outputs != ["dense"]:
+    if req.outputs is not None and set(req.outputs) != {OUTPUT_DENSE}:
         from quiver.frontend.routes_multi import openai_multi_embeddings
 
         return await openai_multi_embeddings(call)

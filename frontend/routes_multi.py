@@ -16,7 +16,9 @@ from quiver.common.model_info import OUTPUT_COLBERT, OUTPUT_DENSE, OUTPUT_SPARSE
 from quiver.frontend.errors import APIError
 from quiver.frontend.http import Call, json_response
 from quiver.frontend.quantize import encode_rows
-from quiver.frontend.schemas import INSTRUCTION_HELP, TRUNCATE_HELP, Direction, EmbeddingRequest, Inputs
+from quiver.frontend.schemas import (
+    INSTRUCTION_HELP, MODEL_HELP, TRUNCATE_HELP, Direction, EmbeddingRequest, Inputs,
+)
 from quiver.frontend.schemas import Request as RequestModel
 from quiver.frontend.service import Service, matryoshka
 from quiver.frontend.token_outputs import m3_outputs, sparse_dropped_ids, token_rows
@@ -30,6 +32,7 @@ class EmbedAllRequest(RequestModel):
     truncation_direction: Direction = "right"
     prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
     instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
+    model: StrictStr | None = Field(None, description=MODEL_HELP)
 
 
 EMBED_ALL_RESPONSE_SCHEMA = {"type": "array", "items": {"type": "array", "items": {

@@ -128,3 +128,6 @@ def test_dense_model_names_its_outputs(cluster) -> None:
     assert error["param"] == "outputs" and "gives dense outputs, not colbert" in error["message"]
     response = httpx.post(cluster.url + "/embed_sparse", json={"inputs": "x"}, timeout=30)
     assert response.status_code == 424 and "BGE-M3" in response.json()["error"]
+    plain = httpx.post(cluster.url + "/v1/embeddings", json={"input": "x"}, timeout=30).json()["data"]
+    twice = httpx.post(cluster.url + "/v1/embeddings", json={"input": "x", "outputs": ["dense", "dense"]}, timeout=30)
+    assert twice.status_code == 200 and twice.json()["data"] == plain  # dense alone, however often it is named

@@ -137,6 +137,10 @@ def test_unknown_names_and_wrong_kinds_are_refused_in_each_apis_format(two_model
     wrong_kind = post(url, "/v1/embeddings", {"model": "ce", "input": "hello"})
     assert wrong_kind.status_code == 400 and "ce" in wrong_kind.json()["error"]["message"]
     assert httpx.get(url + "/info", params={"model": "nope"}, timeout=10).status_code == 404
+    for route, body in (("/embed_all", {"inputs": "hello"}), ("/embed_sparse", {"inputs": "hello"}),
+                        ("/v1/contextualizedembeddings", {"input": [["hello"]]})):
+        answer = post(url, route, {**body, "model": "nope"})  # every route reads `model`, none answers for another
+        assert answer.status_code == 404, (route, answer.text)
 
 
 def test_kill_9_a_worker_of_each_model_under_load_loses_nothing(two_models, st_model):
