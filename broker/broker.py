@@ -78,8 +78,8 @@ class Broker:
         self.running = True
         self.next_heartbeat = 0.0
         self.gauges_due: float | None = 0.0  # when the gauges are next set; None: nothing changed
-        self.dispatch_counters: dict[str, Any] = {}  # worker name -> its DISPATCHES child
-        self.received_counters: dict[str, Any] = {}  # model name -> its CHUNKS_RECEIVED child
+        self.dispatch_counters = metrics.Children(metrics.DISPATCHES)  # by worker name
+        self.received_counters = metrics.Children(metrics.CHUNKS_RECEIVED)  # by model name
         log.info("broker %s listening: frontends on %s, workers on %s",
                  self.instance_id, settings.frontend_endpoint, settings.worker_endpoint)
 
@@ -149,9 +149,8 @@ class Broker:
     def _heartbeat(self) -> Heartbeat:
         return Heartbeat(live_workers=len(self.dispatcher.workers), broker_id=self.instance_id)
 
-    def _frontend_heartbeat(self, beat: Heartbeat) -> Heartbeat:
-        """The answer to a frontend's heartbeat: live workers of the models it named, and per model."""
-        models = beat.models or ({beat.fingerprint: beat.model} if beat.fingerprint else {})
+    def _frontend_heartbeat(self, models: dict[str, str]) -> Heartbeat:
+        """The answer to a frontend's heartbeat naming `models`: their live workers, in all and per model."""
         if not models:
             return self._heartbeat()
         counts = {fingerprint: self.dispatcher.live_workers(fingerprint) for fingerprint in models}
@@ -162,12 +161,13 @@ class Broker:
         if isinstance(message, Routed) and message.type == MsgType.CHUNK:
             self._on_chunk(frontend, message)
         elif isinstance(message, Heartbeat):
-            self._check_frontend_model(frontend, message)
+            models = message.expected_models()
+            self._check_frontend_model(frontend, models)
             if self.models.is_foreign(frontend):
                 beat = self._heartbeat()
                 beat.live_workers = 0  # none serves its model
             else:
-                beat = self._frontend_heartbeat(message)
+                beat = self._frontend_heartbeat(models)
             send(self.frontends, beat, frontend)
         elif isinstance(message, Cancel):
             self._on_cancel(frontend, message)
@@ -178,8 +178,7 @@ class Broker:
             self.refusals.warn("message", "wrong direction", "a frontend sent %s, which frontends do not send",
                                  type(message).__name__)
 
-    def _check_frontend_model(self, frontend: bytes, beat: Heartbeat) -> None:
-        models = beat.models or ({beat.fingerprint: beat.model} if beat.fingerprint else {})
+    def _check_frontend_model(self, frontend: bytes, models: dict[str, str]) -> None:
         verdict = self.models.frontend_expects(frontend, models)
         if verdict == "set":
             log.info("serving %s, as the first frontend expects", self.models.served())
@@ -218,11 +217,7 @@ class Broker:
             known.add_sender(frontend)
             metrics.DUPLICATE_CHUNKS.inc()
             return
-        model_name = self.models.models.get(model, "")
-        counter = self.received_counters.get(model_name)
-        if counter is None:
-            counter = self.received_counters[model_name] = metrics.CHUNKS_RECEIVED.labels(model_name)
-        counter.inc()
+        self.received_counters[self.models.models.get(model, "")].inc()
         timeout_s = float(message.header["timeout_s"])
         self._submit(PendingChunk(message=message, frontends=[frontend], deadline=time.monotonic() + timeout_s))
 
@@ -388,10 +383,7 @@ class Broker:
         else:
             frames = chunk.message.with_header(timeout_s=max(0.0, chunk.deadline - now), attempt=chunk.attempt)
         send_frames(self.workers, frames, worker.identity)
-        counter = self.dispatch_counters.get(worker.name)
-        if counter is None:
-            counter = self.dispatch_counters[worker.name] = metrics.DISPATCHES.labels(worker.name)
-        counter.inc()
+        self.dispatch_counters[worker.name].inc()
 
     def _dispatch_queued(self) -> None:
         while (ready := self.dispatcher.take_dispatchable()) is not None:

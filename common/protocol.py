@@ -217,6 +217,10 @@ class Heartbeat(Message):
         _check_map("models", h.get("models", {}), lambda name, v: _check_str(name, v, 512))
         _check_map("workers_by_model", h.get("workers_by_model", {}), _check_int)
 
+    def expected_models(self) -> dict[str, str]:
+        """The models (fingerprint -> name) a frontend's heartbeat names: `models`, else its one model."""
+        return self.models or ({self.fingerprint: self.model} if self.fingerprint else {})
+
 
 @dataclass
 class Disconnect(Message):
@@ -405,7 +409,7 @@ class Result(Message):
         if header.get("nnz") is None:
             if len(arrays) != 1:
                 raise ProtocolError(f"RESULT needs 1 array frame, got {len(arrays)}")
-            rows = header["num_seqs"] if header.get("num_rows") is None else header["num_rows"]
+            rows = _result_rows(header)
             dtype = RESULT_DTYPES[header.get("dtype", "float32")]
             values = _array_frame("values", arrays[0], dtype, rows * header["dim"]).reshape(rows, header["dim"])
             return cls(**header, values=values)
@@ -429,14 +433,18 @@ class Result(Message):
         return [(self.indices[a:b], self.values[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
 
 
+def _result_rows(header: dict[str, Any]) -> int:
+    """A dense RESULT's rows: one per sequence, or for a token result (num_rows set) one per token."""
+    return int(header["num_seqs"]) if header.get("num_rows") is None else int(header["num_rows"])
+
+
 def result_frame_bytes(header: dict[str, Any]) -> list[int]:
     """Byte lengths of the array frames a RESULT header implies: num_seqs × dim values of its dtype, or
     for a sparse result (nnz set) the row counts, indices and values of its non-zeros; for a token result
     (num_rows set) num_rows × dim values."""
     if header.get("nnz") is not None:
         return [4 * int(header["num_seqs"]), 4 * int(header["nnz"]), 4 * int(header["nnz"])]
-    rows = int(header["num_seqs"]) if header.get("num_rows") is None else int(header["num_rows"])
-    return [rows * int(header["dim"]) * RESULT_DTYPES[header.get("dtype", "float32")].itemsize]
+    return [_result_rows(header) * int(header["dim"]) * RESULT_DTYPES[header.get("dtype", "float32")].itemsize]
 
 
 @dataclass
