@@ -17,39 +17,34 @@ from typing import Any
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer
 
 from quiver.bench.api import densify
-from quiver.bench.engine.checkpoints import load_reference
 from quiver.bench.gate import GateFailed, cosines, judge_embeddings
-from quiver.bench.inprocess import Unsupported, quiet_transformers
-from quiver.bench.targets import HttpTarget, RequestFailed
-from quiver.common.model_info import ModelInfo
+from quiver.bench.inprocess import TransformersRunner, Unsupported
+from quiver.bench.targets import HttpTarget
+from quiver.common.model_info import M3_HEAD_FILES
 
 
 class M3Reference:
-    """BGE-M3's three outputs in float32, by transformers and the checkpoint's two head files."""
+    """BGE-M3's sparse and ColBERT outputs in float32: the gate's transformers encoder and tokenizer, with
+    the checkpoint's two head files."""
 
-    def __init__(self, info: ModelInfo, device: str) -> None:
+    def __init__(self, runner: TransformersRunner) -> None:
         from transformers import AutoTokenizer
 
-        quiet_transformers()
-        self.device = device
-        self.encoder = load_reference(info.path, device, torch.float32)
+        info, self.device = runner.info, runner.device
+        self.encoder, self.tokenizer = runner.model, runner.tokenizer
         hidden = info.hidden_size
-        self.sparse_linear = torch.nn.Linear(hidden, 1).to(device)
-        self.colbert_linear = torch.nn.Linear(hidden, hidden).to(device)
-        for layer, name in ((self.sparse_linear, "sparse_linear.pt"), (self.colbert_linear, "colbert_linear.pt")):
-            layer.load_state_dict(torch.load(info.path / name, map_location=device, weights_only=True))
+        self.sparse_linear = torch.nn.Linear(hidden, 1).to(self.device)
+        self.colbert_linear = torch.nn.Linear(hidden, hidden).to(self.device)
+        for layer, name in zip((self.sparse_linear, self.colbert_linear), M3_HEAD_FILES):
+            layer.load_state_dict(torch.load(info.path / name, map_location=self.device, weights_only=True))
         try:
             hf_tokenizer = AutoTokenizer.from_pretrained(str(info.path))
         except Exception as exc:  # any reason the special tokens cannot be named
             raise Unsupported(f"transformers cannot load the tokenizer to name its special tokens: {exc}") from exc
         self.unused_ids = {i for i in (hf_tokenizer.cls_token_id, hf_tokenizer.eos_token_id,
                                        hf_tokenizer.pad_token_id, hf_tokenizer.unk_token_id) if i is not None}
-        self.tokenizer = Tokenizer.from_file(str(info.tokenizer_path))
-        self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(info.max_input_length)
 
     @torch.inference_mode()
     def outputs(self, text: str) -> tuple[dict[int, float], np.ndarray]:
@@ -64,30 +59,20 @@ class M3Reference:
         colbert = torch.nn.functional.normalize(self.colbert_linear(hidden[1:]), dim=-1)
         return lexical, colbert.cpu().numpy()
 
-    def close(self) -> None:
-        del self.encoder
-        if self.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-
 
 async def _post_json(target: HttpTarget, path: str, body: dict[str, Any]) -> Any:
-    status, content = await target.session.request("POST", path, json.dumps(body).encode())
-    if status != 200:
-        raise RequestFailed(f"{target.name}: POST {path} answered {status}: {content[:400].decode(errors='replace')}")
-    return json.loads(content)
+    return json.loads(await target.post(path, json.dumps(body).encode()))
 
 
-async def check_m3_outputs(target: HttpTarget, info: ModelInfo, device: str, texts: list[str],
+async def check_m3_outputs(target: HttpTarget, runner: TransformersRunner, texts: list[str],
                            min_cosine: float) -> dict[str, Any]:
     """The verdicts on the sparse and ColBERT outputs; raises GateFailed when either diverges."""
     try:
-        reference = M3Reference(info, device)
+        reference = M3Reference(runner)
     except Unsupported as exc:
         return {"message": f"not checked: {exc}"}
-    try:
-        expected = [reference.outputs(text) for text in texts]
-    finally:
-        reference.close()
+    expected = [reference.outputs(text) for text in texts]
+    info = runner.info
     labels = [f"text {i} ({len(t)} chars)" for i, t in enumerate(texts)]
 
     served_sparse = densify(await _post_json(target, "/embed_sparse", {"inputs": texts}), info.vocab_size)

@@ -178,7 +178,7 @@ async def _gate_all(servers: list[HttpTarget], info: ModelInfo, inputs: GateInpu
                 if info.kind != KIND_CLASSIFIER:
                     verdict = await check_embeddings(target, reference, inputs, config.min_cosine)
                     if info.m3_heads and target is servers[0]:
-                        verdict["outputs"] = await check_m3_outputs(target, info, device, inputs.texts,
+                        verdict["outputs"] = await check_m3_outputs(target, reference, inputs.texts,
                                                                     config.min_cosine)
                 else:
                     verdict = await check_scores(target, reference, inputs, config.max_score_error)

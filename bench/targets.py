@@ -33,14 +33,15 @@ class HttpTarget:
         self.session = session
         self.api = api
 
-    async def _post(self, path: str, body: bytes) -> bytes:
+    async def post(self, path: str, body: bytes) -> bytes:
+        """The body of a 200 answer to POST path; RequestFailed for any other status."""
         status, content = await self.session.request("POST", path, body)
         if status != 200:
             raise RequestFailed(f"{self.name}: POST {path} answered {status}: {content[:400].decode(errors='replace')}")
         return content
 
     def _call(self, path: str, body: bytes) -> Call:
-        return lambda: self._post(path, body)
+        return lambda: self.post(path, body)
 
     def embed_ids_call(self, rows: np.ndarray) -> Call:
         return self._call(*self.api.embed_request(rows.tolist()))
@@ -54,10 +55,10 @@ class HttpTarget:
     async def embed(self, inputs: np.ndarray | list[str]) -> np.ndarray:
         """Embeddings of token-id rows or texts, for the correctness gate."""
         payload = inputs.tolist() if isinstance(inputs, np.ndarray) else inputs
-        return self.api.embeddings_of(await self._post(*self.api.embed_request(payload)))
+        return self.api.embeddings_of(await self.post(*self.api.embed_request(payload)))
 
     async def score(self, query: str, documents: list[str]) -> np.ndarray:
-        return self.api.scores_of(await self._post(*self.api.rerank_request(query, documents)), len(documents))
+        return self.api.scores_of(await self.post(*self.api.rerank_request(query, documents)), len(documents))
 
 
 class InProcessTarget:

@@ -30,15 +30,16 @@ import torch
 
 from quiver.bench.engine.checkpoints import ensure_bench_checkpoint
 from quiver.bench.engine_bench import engine_throughput, one_batch, percentiles, random_ids
+from quiver.bench.gate import cosines
+from quiver.common.model_info import M3_HEAD_FILES
 from quiver.worker.engine import Batch, Engine, load_engine
 
-HEAD_FILES = ("sparse_linear.pt", "colbert_linear.pt")
 
 
 def with_m3_heads(dense_dir: Path, root: Path, hidden: int) -> Path:
     """A copy of the checkpoint (files linked) with BGE-M3's two head files beside it."""
     path = root / f"{dense_dir.name}-m3-heads"
-    if (path / HEAD_FILES[1]).is_file():
+    if (path / M3_HEAD_FILES[1]).is_file():
         return path
     path.mkdir(parents=True, exist_ok=True)
     for item in dense_dir.iterdir():
@@ -46,8 +47,8 @@ def with_m3_heads(dense_dir: Path, root: Path, hidden: int) -> Path:
         if not target.exists():
             target.symlink_to(item.resolve())
     torch.manual_seed(1)
-    torch.save(torch.nn.Linear(hidden, 1).state_dict(), path / HEAD_FILES[0])
-    torch.save(torch.nn.Linear(hidden, hidden).state_dict(), path / HEAD_FILES[1])
+    torch.save(torch.nn.Linear(hidden, 1).state_dict(), path / M3_HEAD_FILES[0])
+    torch.save(torch.nn.Linear(hidden, hidden).state_dict(), path / M3_HEAD_FILES[1])
     return path
 
 
@@ -97,10 +98,6 @@ def sequential_rate(engine: Engine, batches: list[Batch], items: int, per_rows: 
     return items / min(run() for _ in range(3))
 
 
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -122,7 +119,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     check = token_batch([random_ids(rng, n, vocab) for n in (128, 512, 37)])
     low, high = (e.step(check).wait().copy() for e in (m3, reference))
-    firsts = np.concatenate([[0], np.cumsum(check.seq_lens)[:-1]])
+    firsts = check.offsets[:-1]
     others = np.setdiff1d(np.arange(check.num_tokens), firsts)
     pooled = m3.step(one_batch([check.input_ids[a:a + n] for a, n in zip(firsts, check.seq_lens)])).wait()
     results["check"] = {

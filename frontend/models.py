@@ -48,10 +48,6 @@ class ModelRegistry:
                            param="model")
         return service
 
-    def fingerprints(self) -> dict[str, str]:
-        """fingerprint -> name of every model, as the broker link's heartbeats name them."""
-        return {service.fingerprint: service.model_name for service in self.services}
-
 
 def model_entries(settings: FrontendSettings) -> list[ModelEntry]:
     """The models to serve: --models-file's, else --model's (the packaged MiniLM by default)."""

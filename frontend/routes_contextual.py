@@ -13,7 +13,6 @@ token rows. A document longer than the model's context is refused (413), not tru
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -30,7 +29,6 @@ from quiver.frontend.schemas import MODEL_HELP, EncodingFormat, Request, Usage
 from quiver.frontend.service import Service, matryoshka
 from quiver.frontend.token_outputs import record_request, run_token_rows
 from quiver.common.ragged import RaggedIds
-from quiver.frontend.tokenization import THREAD_THRESHOLD_CHARS
 
 
 class ContextualizedEmbeddingRequest(Request):
@@ -62,18 +60,9 @@ class ContextualizedEmbeddingResponse(BaseModel):
     usage: Usage
 
 
-def wrapper_ids(service: Service) -> tuple[list[int], list[int]]:
-    """The special tokens the tokenizer puts before and after one text."""
-    encoding = service.tokenizer.plain.encode("x", add_special_tokens=True)
-    mask = encoding.special_tokens_mask
-    first = next((i for i, special in enumerate(mask) if not special), len(mask))
-    last = max((i for i, special in enumerate(mask) if not special), default=first - 1)
-    return encoding.ids[:first], encoding.ids[last + 1:]
-
-
 def document_sequences(service: Service, documents: list[list[str]]) -> tuple[RaggedIds, list[np.ndarray]]:
     """One sequence per document, and each document's chunk lengths (in tokens)."""
-    head, tail = wrapper_ids(service)
+    head, tail = service.tokenizer.wrapper_ids
     limit = service.info.max_input_length
     flat = [chunk for document in documents for chunk in document]
     encodings = iter(service.tokenizer.plain.encode_batch(flat, add_special_tokens=False))
@@ -123,18 +112,13 @@ async def contextualized_embeddings(call: Call) -> Response:
     timings = Timings(started=time.monotonic())
     check_request(service, req)
     chars = sum(len(chunk) for document in req.input for chunk in document)
-    if chars > THREAD_THRESHOLD_CHARS:
-        seqs, chunk_lens = await asyncio.get_running_loop().run_in_executor(
-            service.tokenizer.pool, document_sequences, service, req.input)
-    else:
-        seqs, chunk_lens = document_sequences(service, req.input)
+    seqs, chunk_lens = await service.tokenizer.off_loop(chars, lambda: document_sequences(service, req.input))
     timings.tokenization_s = time.monotonic() - timings.started
     rows = await run_token_rows(service, seqs, timings)
     record_request(call.spec.path, seqs, timings, service.model_name)
-    head = len(wrapper_ids(service)[0])
-    starts = np.concatenate([[0], np.cumsum(seqs.seq_lens)[:-1]])
+    head = len(service.tokenizer.wrapper_ids[0])
     data: list[dict[str, Any]] = []
-    for d, (start, length, lens) in enumerate(zip(starts.tolist(), seqs.seq_lens.tolist(), chunk_lens)):
+    for d, (start, length, lens) in enumerate(zip(seqs.offsets[:-1].tolist(), seqs.seq_lens.tolist(), chunk_lens)):
         vectors = pool_chunks(rows[start:start + length], head, lens)
         if service.info.normalize:
             vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)

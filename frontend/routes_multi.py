@@ -21,7 +21,7 @@ from quiver.frontend.schemas import (
 )
 from quiver.frontend.schemas import Request as RequestModel
 from quiver.frontend.service import Service, matryoshka
-from quiver.frontend.token_outputs import m3_outputs, sparse_dropped_ids, token_rows
+from quiver.frontend.token_outputs import M3Outputs, token_rows
 
 
 class EmbedAllRequest(RequestModel):
@@ -46,7 +46,7 @@ async def tei_embed_all(call: Call) -> Response:
                             direction=req.truncation_direction, prompt_name=req.prompt_name,
                             instruction=req.instruction, param="inputs")
     if service.info.m3_heads:
-        body = m3_outputs(service, rows, sparse_dropped_ids(service.info)).colbert
+        body = M3Outputs(service, rows).colbert
     else:
         body = rows.rows
     return json_response(body, headers=rows.timings.headers())
@@ -77,7 +77,7 @@ async def openai_multi_embeddings(call: Call) -> Response:
                             direction=req.truncation_direction, prompt_name=req.prompt_name,
                             instruction=req.instruction, param="input",
                             returns_vectors=OUTPUT_COLBERT in (req.outputs or ()))
-    outputs = m3_outputs(service, rows, sparse_dropped_ids(service.info))
+    outputs = M3Outputs(service, rows)
     wanted = set(req.outputs or ())
     data: list[dict[str, Any]] = [{"object": "embedding", "index": i} for i in range(len(rows.rows))]
     if OUTPUT_DENSE in wanted:

@@ -24,7 +24,7 @@ from quiver.frontend.pipeline import Timings
 from quiver.frontend.schemas import INSTRUCTION_HELP, MODEL_HELP, TRUNCATE_HELP, Direction, Inputs
 from quiver.frontend.schemas import Request as RequestModel
 from quiver.frontend.service import ROUTES_BY_KIND, Service, describe, record_stages
-from quiver.frontend.token_outputs import m3_outputs, sparse_dropped_ids, token_rows
+from quiver.frontend.token_outputs import M3Outputs, token_rows
 
 
 class SparseEmbedRequest(RequestModel):
@@ -57,7 +57,7 @@ async def sparse_embed(service: Service, inputs: object, *, route: str, truncate
         rows = await token_rows(service, inputs, route=route, truncate=truncate, direction=direction,
                                 prompt_name=prompt_name, instruction=instruction, param=param,
                                 returns_vectors=False)
-        return m3_outputs(service, rows, sparse_dropped_ids(service.info)).sparse, rows.num_tokens, rows.timings
+        return M3Outputs(service, rows).sparse, rows.num_tokens, rows.timings
     timings = Timings(started=time.monotonic())
     if service.info.kind != KIND_SPARSE:
         raise APIError("wrong_model_kind",

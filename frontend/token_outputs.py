@@ -62,10 +62,6 @@ async def run_token_rows(service: Service, seqs: RaggedIds, timings: Timings) ->
     return rows
 
 
-def split_by_lengths(array: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
-    return np.split(array, np.cumsum(lengths)[:-1].tolist())
-
-
 async def token_rows(service: Service, inputs: object, *, route: str, truncate: bool | None, direction: str,
                      prompt_name: str | None, instruction: str | None, param: str,
                      returns_vectors: bool = True) -> TokenRows:
@@ -79,7 +75,8 @@ async def token_rows(service: Service, inputs: object, *, route: str, truncate: 
                        "model", param=param)
     rows = await run_token_rows(service, seqs, timings)
     record_request(route, seqs, timings, service.model_name)
-    return TokenRows(split_by_lengths(seqs.input_ids, seqs.seq_lens), split_by_lengths(rows, seqs.seq_lens),
+    bounds = seqs.offsets[1:-1]  # each sequence's rows
+    return TokenRows(np.split(seqs.input_ids, bounds), np.split(rows, bounds),
                      seqs.num_tokens, timings)
 
 
@@ -118,16 +115,29 @@ def lexical_weights(ids: np.ndarray, weights: np.ndarray, dropped: np.ndarray) -
     return ids[last].astype(np.int64), weights[last].astype(np.float32)
 
 
-@dataclass
 class M3Outputs:
-    dense: np.ndarray  # float32 [num_inputs, hidden], normalised
-    sparse: list[tuple[np.ndarray, np.ndarray]]  # per input: (token ids ascending, weights)
-    colbert: list[np.ndarray]  # per input: float32 [its tokens - 1, hidden], each row normalised
+    """BGE-M3's three outputs of some inputs' token rows, each cut from the rows when first read: a
+    route asks for one or two of them."""
 
+    def __init__(self, service: Service, token_rows: TokenRows) -> None:
+        self.info = service.info
+        self.token_rows = token_rows
 
-def m3_outputs(service: Service, token_rows: TokenRows, dropped: np.ndarray) -> M3Outputs:
-    hidden = service.info.hidden_size
-    dense = np.stack([rows[0, :hidden] for rows in token_rows.rows]) if token_rows.rows else np.zeros((0, hidden))
-    sparse = [lexical_weights(ids, rows[:, hidden], dropped) for ids, rows in zip(token_rows.ids, token_rows.rows)]
-    colbert = [np.ascontiguousarray(rows[1:, :hidden]) for rows in token_rows.rows]
-    return M3Outputs(dense.astype(np.float32), sparse, colbert)
+    @functools.cached_property
+    def dense(self) -> np.ndarray:
+        """float32 [num_inputs, hidden], normalised."""
+        hidden = self.info.hidden_size
+        rows = self.token_rows.rows
+        return (np.stack([r[0, :hidden] for r in rows]) if rows else np.zeros((0, hidden))).astype(np.float32)
+
+    @functools.cached_property
+    def sparse(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per input: (token ids ascending, weights)."""
+        hidden, dropped = self.info.hidden_size, sparse_dropped_ids(self.info)
+        return [lexical_weights(ids, rows[:, hidden], dropped) for ids, rows in zip(self.token_rows.ids,
+                                                                                    self.token_rows.rows)]
+
+    @functools.cached_property
+    def colbert(self) -> list[np.ndarray]:
+        """Per input: float32 [its tokens - 1, hidden], each row normalised."""
+        return [np.ascontiguousarray(rows[1:, :self.info.hidden_size]) for rows in self.token_rows.rows]

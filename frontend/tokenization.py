@@ -13,6 +13,7 @@ fixed prefix, a body and a fixed suffix (Qwen3-Reranker), where truncation short
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar, Union
@@ -62,6 +63,15 @@ class TextTokenizer:
         self._fixed: dict[str, list[int]] = {}
         self.limits = RaggedLimits(vocab_size=info.vocab_size, max_length=self.max_length)
 
+    @functools.cached_property
+    def wrapper_ids(self) -> tuple[list[int], list[int]]:
+        """The special tokens this tokenizer puts before and after one text."""
+        encoding = self.plain.encode("x", add_special_tokens=True)
+        mask = encoding.special_tokens_mask
+        first = next((i for i, special in enumerate(mask) if not special), len(mask))
+        last = max((i for i, special in enumerate(mask) if not special), default=first - 1)
+        return encoding.ids[:first], encoding.ids[last + 1:]
+
     def _fixed_ids(self, text: str) -> list[int]:
         """Ids of a template's fixed part (no special tokens added), tokenized once."""
         if text not in self._fixed:
@@ -80,7 +90,7 @@ class TextTokenizer:
 
     async def encode(self, texts: list[TextInput], truncate: bool, direction: str, param: str = "input",
                      with_types: bool = False) -> RaggedIds:
-        return await self._off_loop(_chars(texts),
+        return await self.off_loop(_chars(texts),
                                     lambda: self.encode_sync(texts, truncate, direction, param, with_types))
 
     def encode_prompts_sync(self, prefix: str, bodies: list[str], suffix: str, truncate: bool, direction: str,
@@ -96,7 +106,7 @@ class TextTokenizer:
 
     async def encode_prompts(self, prefix: str, bodies: list[str], suffix: str, truncate: bool, direction: str,
                              param: str) -> RaggedIds:
-        return await self._off_loop(sum(len(b) for b in bodies),
+        return await self.off_loop(sum(len(b) for b in bodies),
                                     lambda: self.encode_prompts_sync(prefix, bodies, suffix, truncate, direction, param))
 
     def _checked(self, seqs: RaggedIds, param: str, limits: RaggedLimits | None = None,
@@ -131,7 +141,7 @@ class TextTokenizer:
 
     async def ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> RaggedIds:
         """check_ids, on the pool when the request holds many ids."""
-        return await self._off_loop(sum(len(seq) for seq in seqs),
+        return await self.off_loop(sum(len(seq) for seq in seqs),
                                     lambda: self.check_ids(seqs, truncate, direction, param))
 
     def check_ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> RaggedIds:
@@ -150,7 +160,7 @@ class TextTokenizer:
 
     async def tokens_json(self, texts: list[str], add_special_tokens: bool, max_tokens: int) -> bytes:
         """TEI's /tokenize answer as JSON bytes, made on the pool; 413 past `max_tokens` tokens in all."""
-        return await self._off_loop(_chars(texts), lambda: self._tokens_json(texts, add_special_tokens, max_tokens))
+        return await self.off_loop(_chars(texts), lambda: self._tokens_json(texts, add_special_tokens, max_tokens))
 
     def _tokens_json(self, texts: list[str], add_special_tokens: bool, max_tokens: int) -> bytes:
         encodings = self.plain.encode_batch(texts, add_special_tokens=add_special_tokens)
@@ -160,7 +170,7 @@ class TextTokenizer:
                            f"{max_tokens} in one request", param="inputs")
         return orjson.dumps([_token_list(text, encoding) for text, encoding in zip(texts, encodings)])
 
-    async def _off_loop(self, chars: int, work: Callable[[], T]) -> T:
+    async def off_loop(self, chars: int, work: Callable[[], T]) -> T:
         """Run tokenization work on the pool unless it is too small to be worth the hand-off."""
         started = time.monotonic()
         try:

@@ -230,8 +230,8 @@ def plan_children(settings: ServeSettings, model_dir: Path, runtime_dir: Path, g
     """broker first, then the workers (model by model), then the frontend. `models` (checkpoint
     directories resolved) default to `model_dir` alone."""
     s = settings
-    if tracing_problem(s.otlp_endpoint):  # the frontend and every worker would exit 2 with this reason
-        raise ServeError(tracing_problem(s.otlp_endpoint), EXIT_USAGE)
+    if problem := tracing_problem(s.otlp_endpoint):  # the frontend and every worker would exit 2 with it
+        raise ServeError(problem, EXIT_USAGE)
     entries = models or [ModelEntry(str(model_dir), s.served_model_name)]
     workers = [(entry, device) for entry in entries
                for device in worker_devices(entry.device or s.device, entry.workers or s.workers, gpus)]

@@ -23,6 +23,7 @@ import torch itself, but the engine package it takes Batch from does.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import queue
 import threading
@@ -178,16 +179,18 @@ class Scheduler:
         refs: list[SequenceRef] = []
         tokens = background_tokens = 0
         now = time.monotonic()
-        if any(not job.background and not job.closed for job in self.waiting):
+        online = [job for job in self.waiting if not job.background]
+        if any(not job.closed for job in online):
             self.online_seen = now
         recent = now - self.online_seen < ONLINE_RECENT_S
         background_cap = self.background_step_tokens * (1 if recent else QUIET_BACKGROUND_FACTOR)
         full = False
         token_rows: bool | None = None  # a step gives token rows or pooled rows, not both
-        for job in sorted(self.waiting, key=lambda waiting: waiting.background):  # stable: arrival order within
+        for job in itertools.chain(online, (job for job in self.waiting if job.background)):  # arrival order
             if full:
                 break
-            if job.closed or (token_rows is not None and (job.chunk.task == TASK_TOKENS) != token_rows):
+            job_token_rows, background = job.chunk.task == TASK_TOKENS, job.background
+            if job.closed or (token_rows is not None and job_token_rows != token_rows):
                 continue
             if job.deadline < now:
                 self._close(job)
@@ -199,13 +202,13 @@ class Scheduler:
                 if len(refs) >= self.max_batch_seqs or (refs and tokens + length > self.max_batch_tokens):
                     full = True
                     break
-                if job.background and background_tokens and background_tokens + length > background_cap:
+                if background and background_tokens and background_tokens + length > background_cap:
                     full = True  # only background rows are left, and their share of the step is taken
                     break
                 refs.append(SequenceRef(job, job.next_row))
-                token_rows = job.chunk.task == TASK_TOKENS
+                token_rows = job_token_rows
                 tokens += length
-                background_tokens += length if job.background else 0
+                background_tokens += length if background else 0
                 job.next_row += 1
                 if job.started is None:
                     job.started = now
