@@ -186,7 +186,9 @@ class BrokerClient:
         self.waiting.clear()
 
     async def submit(self, chunk: Chunk) -> Result:
-        """Send a chunk and wait for its result; raise ChunkFailed with the broker's or worker's reason."""
+        """Send a chunk and wait for its result; raise ChunkFailed with the broker's or worker's reason.
+        Cancelled while waiting (the request's deadline, a failed sibling chunk, the client leaving), it
+        tells the broker to drop the chunk, wherever it is."""
         assert self.sock is not None
         future = asyncio.get_running_loop().create_future()
         self.waiting[chunk.chunk_id] = _Waiting(chunk, future, time.monotonic() + chunk.timeout_s)
@@ -194,12 +196,13 @@ class BrokerClient:
             if not self._send(chunk):
                 raise ChunkFailed("overloaded", "the frontend's queue to the broker is full")
             return await future
+        except asyncio.CancelledError:
+            answered = future.done() and not future.cancelled()  # cancelling the task cancels the future too
+            if self.sock is not None and not answered:
+                self._send(Cancel(chunk_id=chunk.chunk_id))
+            raise
         finally:
             self.waiting.pop(chunk.chunk_id, None)
-
-    def cancel(self, chunk_id: str) -> None:
-        if self.waiting.pop(chunk_id, None) is not None and self.sock is not None:
-            self._send(Cancel(chunk_id=chunk_id))
 
     def _receive(self) -> None:
         """The reader callback: handle what the socket holds, then give the loop back (and come back

@@ -30,6 +30,7 @@ from quiver.frontend.errors import OPENAI, APIError, render
 from quiver.frontend.models import ModelRegistry
 from quiver.frontend.pipeline import CURRENT_PRIORITY, PRIORITY_HEADER, requested_priority
 from quiver.frontend.service import Service
+from quiver.frontend.tasks import await_within, uncancel
 from quiver.frontend.tracing import UNTRACED_PATHS, RequestTracer
 
 log = logging.getLogger("quiver.frontend")
@@ -93,20 +94,31 @@ async def _wait_for_disconnect(request: Request) -> None:
 
 
 async def _unless_disconnected(handler: Handler, call: Call, watch: bool) -> Response:
-    """Run the handler, but cancel it (and with it the request's unstarted chunks) if the client leaves."""
-    work = asyncio.ensure_future(handler(call))
+    """Run the handler in this task; if the client leaves first, a watcher cancels it (and with it the
+    request's unanswered chunks) and the request ends as ClientDisconnected. The handler runs in the
+    request's own task rather than a task of its own: one turn of the event loop less per request."""
     if not watch:
-        return await work
-    watcher = asyncio.ensure_future(_wait_for_disconnect(call.request))
+        return await handler(call)
+    request_task = asyncio.current_task()
+    assert request_task is not None
+    client_left = False
+
+    async def cancel_on_disconnect() -> None:
+        nonlocal client_left
+        await _wait_for_disconnect(call.request)
+        client_left = True
+        request_task.cancel()
+
+    watcher = asyncio.ensure_future(cancel_on_disconnect())
     try:
-        await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
+        return await handler(call)
+    except asyncio.CancelledError:
+        if not client_left:
+            raise
+        uncancel(request_task)
+        raise ClientDisconnected from None
     finally:
         watcher.cancel()
-    if not work.done():
-        work.cancel()
-        await asyncio.gather(work, return_exceptions=True)
-        raise ClientDisconnected
-    return work.result()
 
 
 async def _read_body(request: Request, limit: int) -> bytearray:
@@ -246,8 +258,8 @@ def endpoint(spec: RouteSpec, models: ModelRegistry, settings: FrontendSettings,
                 if declared is not None:
                     ticket = service.admission.reserve(estimated_tokens(declared), estimated=True)
                 try:
-                    raw = await asyncio.wait_for(_read_body(request, limit), settings.body_timeout_s)
-                except asyncio.TimeoutError:
+                    raw = await await_within(_read_body(request, limit), settings.body_timeout_s)
+                except TimeoutError:
                     raise APIError("request_timeout",
                                    f"the request body did not arrive within {settings.body_timeout_s:g} s") from None
                 if ticket is None:

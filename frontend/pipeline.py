@@ -23,6 +23,7 @@ from quiver.frontend import metrics
 from quiver.frontend.admission import CURRENT_TICKET, RETRY_AFTER_S, Admission
 from quiver.frontend.broker_client import BrokerClient, ChunkFailed
 from quiver.frontend.errors import APIError
+from quiver.frontend.tasks import await_within
 from quiver.frontend.tracing import current_traceparent, record_chunks, record_chunks_failed
 
 CHUNK_ERRORS = {
@@ -127,38 +128,61 @@ class Pipeline:
         ]
 
     async def _run_chunks(self, seqs: RaggedIds, task: str, normalize: bool, timings: Timings) -> list[Result]:
-        remaining = self.settings.request_timeout_s - (time.monotonic() - timings.started)
-        chunks = self._chunks(seqs, task, normalize, max(0.0, remaining))
+        remaining = max(0.0, self.settings.request_timeout_s - (time.monotonic() - timings.started))
+        chunks = self._chunks(seqs, task, normalize, remaining)
         metrics.CHUNKS_SENT.inc(len(chunks))
         dispatched = time.monotonic()
-        tasks = [asyncio.ensure_future(self.client.submit(chunk)) for chunk in chunks]
         try:
-            done, pending = await asyncio.wait(tasks, timeout=max(0.0, remaining), return_when=asyncio.FIRST_EXCEPTION)
-            for task_ in done:
-                exc = task_.exception()
-                if isinstance(exc, ChunkFailed):
-                    message = exc.message
-                    if exc.code == ErrorCode.UNAVAILABLE.value and self.model_name:
-                        message = f"model {self.model_name!r}: {message}"
-                    raise APIError(CHUNK_ERRORS.get(exc.code, "internal"), message,
-                                   headers={"Retry-After": RETRY_AFTER_S} if exc.code in ("overloaded", "unavailable") else {})
-                if exc is not None:
-                    raise exc
-            if pending:
-                if not self.client.broker_alive:
-                    raise APIError("unavailable", "the broker became unreachable and did not come back before "
-                                   "the request's deadline", headers={"Retry-After": RETRY_AFTER_S})
-                raise APIError("timeout", f"the request did not finish within {self.settings.request_timeout_s:g} s")
+            if len(chunks) == 1:
+                results = [await self._await_one(chunks[0], remaining)]
+            else:
+                results = await self._await_all(chunks, remaining)
         except BaseException as exc:
             record_chunks_failed(dispatched, len(chunks), getattr(exc, "reason", type(exc).__name__))
             raise
-        finally:
-            for chunk, task_ in zip(chunks, tasks):
-                if not task_.done():
-                    self.client.cancel(chunk.chunk_id)
-                    task_.cancel()
-        results = [task_.result() for task_ in tasks]
         record_chunks(dispatched, results, seqs.num_seqs, seqs.num_tokens)
         timings.queue_s = max(r.queue_s for r in results)
         timings.inference_s = max(r.inference_s for r in results)
         return results
+
+    async def _await_one(self, chunk: Chunk, remaining: float) -> Result:
+        """A lone chunk is awaited in the request's own task: its answer wakes the request directly, with
+        no task of its own to schedule and join (two turns of the event loop less per request)."""
+        try:
+            return await await_within(self.client.submit(chunk), remaining)
+        except ChunkFailed as exc:
+            raise self._failed(exc) from None
+        except TimeoutError:
+            raise self._timed_out() from None
+
+    async def _await_all(self, chunks: list[Chunk], remaining: float) -> list[Result]:
+        """Every chunk in a task of its own, all in flight at once; the first failure cancels the rest
+        (each cancelled submit tells the broker to drop its chunk)."""
+        tasks = [asyncio.ensure_future(self.client.submit(chunk)) for chunk in chunks]
+        try:
+            done, pending = await asyncio.wait(tasks, timeout=remaining, return_when=asyncio.FIRST_EXCEPTION)
+            for task_ in done:
+                exc = task_.exception()
+                if isinstance(exc, ChunkFailed):
+                    raise self._failed(exc)
+                if exc is not None:
+                    raise exc
+            if pending:
+                raise self._timed_out()
+        finally:
+            for task_ in tasks:
+                task_.cancel()
+        return [task_.result() for task_ in tasks]
+
+    def _failed(self, exc: ChunkFailed) -> APIError:
+        message = exc.message
+        if exc.code == ErrorCode.UNAVAILABLE.value and self.model_name:
+            message = f"model {self.model_name!r}: {message}"
+        return APIError(CHUNK_ERRORS.get(exc.code, "internal"), message,
+                        headers={"Retry-After": RETRY_AFTER_S} if exc.code in ("overloaded", "unavailable") else {})
+
+    def _timed_out(self) -> APIError:
+        if not self.client.broker_alive:
+            return APIError("unavailable", "the broker became unreachable and did not come back before "
+                            "the request's deadline", headers={"Retry-After": RETRY_AFTER_S})
+        return APIError("timeout", f"the request did not finish within {self.settings.request_timeout_s:g} s")

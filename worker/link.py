@@ -93,9 +93,13 @@ class BrokerLink(threading.Thread):
             if now - self.last_broker_contact > self.settings.liveness_window_s:
                 log.warning("broker silent for %.1f s; reconnecting in %.1f s",
                             now - self.last_broker_contact, backoff)
-                if self.stopping.wait(backoff):
+                if self._heard_within(sock, backoff):
+                    backoff = interval  # the broker spoke during the back-off (say, it restarted): keep this socket
+                    continue
+                if self.stopping.is_set():
                     break
                 poller.unregister(sock)
+                self._read_broker(sock)  # chunks already delivered to the old socket are not lost with it
                 sock.close()
                 sock = self._connect()
                 poller.register(sock, zmq.POLLIN)
@@ -111,6 +115,18 @@ class BrokerLink(threading.Thread):
         send(sock, Disconnect(reason="worker stopping"))
         sock.close()
         outbox.close()
+
+    def _heard_within(self, sock: zmq.Socket, timeout_s: float) -> bool:
+        """Wait up to timeout_s (or until stopping) for the broker on `sock`, reading what it sends; True if
+        it spoke. The socket reconnects by itself, so a broker back from a restart may be on it already."""
+        contact = self.last_broker_contact
+        end = time.monotonic() + timeout_s
+        while not self.stopping.is_set() and time.monotonic() < end:
+            if sock.poll(int(min(100.0, max(0.0, end - time.monotonic()) * 1000))):
+                self._read_broker(sock)
+                if self.last_broker_contact > contact:
+                    return True
+        return False
 
     def _scheduler_hung(self, now: float) -> bool:
         watchdog = self.settings.watchdog_s
