@@ -1,0 +1,24 @@
+"""The hop trace runs end to end on the CPU (--quick): a real `quiver serve` with the tracer preloaded in
+each of its processes; checked for a whole timeline per request, not for speed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from quiver.bench.hop_trace import ORDER
+
+
+def test_hop_trace_quick_lines_up_every_segment_of_a_request(tmp_path: Path) -> None:
+    out = tmp_path / "hops.json"
+    done = subprocess.run([sys.executable, "-m", "quiver.bench.hop_trace", "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["32"]
+    assert [(row["from"], row["to"]) for row in rows[:-1]] == list(zip(ORDER, ORDER[1:]))
+    assert all(0 < row["p50_us"] <= row["p90_us"] for row in rows)
+    total = rows[-1]["p50_us"]
+    assert max(row["p50_us"] for row in rows[:-1]) < total  # each segment is a part of the whole request
+    assert "| W.launch → W.done |" in done.stdout
