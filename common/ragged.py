@@ -162,17 +162,16 @@ class RaggedIds:
         if self.num_seqs == 0:
             raise RaggedError(SHAPE, "no rows")
         lens = self.seq_lens
-        empty = np.flatnonzero(lens < 1)
-        if empty.size:
-            raise RaggedError(EMPTY_ROW, f"row {int(empty[0])} has no tokens", row=int(empty[0]))
+        # One reduction per check on the good path; the offending row is looked for only on the bad one.
+        if int(lens.min()) < 1:
+            row = int(np.flatnonzero(lens < 1)[0])
+            raise RaggedError(EMPTY_ROW, f"row {row} has no tokens", row=row)
         if limits.vocab_size is not None:
             self._check_range(self.input_ids, limits.vocab_size, OUT_OF_VOCABULARY, "token id")
-        if limits.max_length is not None:
-            long_rows = np.flatnonzero(lens > limits.max_length)
-            if long_rows.size:
-                row = int(long_rows[0])
-                raise RaggedError(TOO_LONG, f"row {row} has {int(lens[row])} tokens, more than {limits.max_length}",
-                                  row=row, value=int(lens[row]))
+        if limits.max_length is not None and int(lens.max()) > limits.max_length:
+            row = int(np.flatnonzero(lens > limits.max_length)[0])
+            raise RaggedError(TOO_LONG, f"row {row} has {int(lens[row])} tokens, more than {limits.max_length}",
+                              row=row, value=int(lens[row]))
         if limits.type_vocab_size is not None and self.token_type_ids is not None:
             self._check_range(self.token_type_ids, limits.type_vocab_size, BAD_TOKEN_TYPE, "token type")
 
@@ -190,7 +189,7 @@ def check_shape(ragged: RaggedIds) -> None:
     code behind a validating boundary still checks (no pass over the ids; the offsets are cached)."""
     ids, lens, types = ragged.input_ids, ragged.seq_lens, ragged.token_type_ids
     for name, array in (("input_ids", ids), ("seq_lens", lens), ("token_type_ids", types)):
-        if array is not None and (array.ndim != 1 or not np.issubdtype(array.dtype, np.integer)):
+        if array is not None and (array.ndim != 1 or array.dtype.kind not in "iu"):  # signed or unsigned integers
             raise RaggedError(SHAPE, f"{name} must be a one-dimensional integer array")
     if types is not None and types.shape != ids.shape:
         raise RaggedError(SHAPE, f"token_type_ids has {types.shape[0]} entries for {ids.shape[0]} token ids")
