@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -92,3 +94,29 @@ def check_job_output(url: str, outputs: list[dict], count: int) -> None:
             want = reference[text]
             cosine = float(vector @ want / np.linalg.norm(vector) / np.linalg.norm(want))
             assert cosine >= 0.9999, (output["custom_id"], text, cosine)
+
+
+SMALL_MODEL_DIM = 32
+
+
+def small_minilm(root: Path) -> Path:
+    """The packaged all-MiniLM-L6-v2's layout and tokenizer with two narrow layers of random weights (width
+    SMALL_MODEL_DIM). The bulk-job tests check order, durability and resumption, not numerics; with the
+    real six layers their 100,000 embeddings spend minutes in the model on a CPU."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from quiver.common.model_info import default_model_dir
+
+    source, path = default_model_dir(), root / "small-minilm"
+    shutil.copytree(source, path, ignore=lambda folder, names: {"model.safetensors", "config.json"} & set(names)
+                    if Path(folder) == Path(source) else set())
+    config = BertConfig.from_pretrained(source)
+    config.update({"hidden_size": SMALL_MODEL_DIM, "intermediate_size": 2 * SMALL_MODEL_DIM, "num_hidden_layers": 2,
+                   "num_attention_heads": 2})
+    torch.manual_seed(0)
+    BertModel(config, add_pooling_layer=False).save_pretrained(path)
+    pooling = json.loads((path / "1_Pooling" / "config.json").read_text())
+    pooling["word_embedding_dimension"] = SMALL_MODEL_DIM
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    return path

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tests.jobs.helpers import short_text
+from tests.jobs.helpers import SMALL_MODEL_DIM, short_text
 
 ROWS = 50_000
 PART = 2048
@@ -42,10 +42,10 @@ def _corpus(path: Path) -> list[str | None]:
     return texts
 
 
-def test_a_killed_job_resumes_to_the_same_output_as_an_uninterrupted_one(jobs_cluster, tmp_path):
+def test_a_killed_job_resumes_to_the_same_output_as_an_uninterrupted_one(small_jobs_cluster, tmp_path):
     source = tmp_path / "corpus.parquet"
     texts = _corpus(source)
-    common = [str(source), "--url", jobs_cluster.url, "--field", "body", "--id-field", "doc_id",
+    common = [str(source), "--url", small_jobs_cluster.url, "--field", "body", "--id-field", "doc_id",
               "--part-size", str(PART), "--batch-size", "256", "--concurrency", "4"]
     whole = tmp_path / "whole.parquet"
     _finish(_embed(*common, "-o", str(whole)), timeout=600)
@@ -70,29 +70,29 @@ def test_a_killed_job_resumes_to_the_same_output_as_an_uninterrupted_one(jobs_cl
     assert a.column("id").to_pylist() == expected_ids == b.column("id").to_pylist()
     va = np.asarray(a.column("vector").to_pylist(), dtype=np.float32)
     vb = np.asarray(b.column("vector").to_pylist(), dtype=np.float32)
-    assert va.shape == (ROWS - 1, 384)
+    assert va.shape == (ROWS - 1, SMALL_MODEL_DIM)
     np.testing.assert_allclose(va, vb, atol=1e-5)
     failed = [json.loads(line) for line in (tmp_path / "resumed.parquet.failed.jsonl").read_text().splitlines()]
     assert [(f["position"], f["id"]) for f in failed] == [(MISSING, f"d{MISSING}")]
 
     sample = [0, ROWS // 2, ROWS - 1]
-    online = httpx.post(jobs_cluster.url + "/v1/embeddings", json={"input": [texts[i] for i in sample]}).json()["data"]
+    online = httpx.post(small_jobs_cluster.url + "/v1/embeddings", json={"input": [texts[i] for i in sample]}).json()["data"]
     for i, item in zip(sample, online):
         got, want = vb[expected_ids.index(f"d{i}")], np.asarray(item["embedding"])
         assert float(got @ want / np.linalg.norm(got) / np.linalg.norm(want)) >= 0.9999
 
 
-def test_text_jsonl_and_csv_inputs_with_failures_in_a_side_file(jobs_cluster, tmp_path):
+def test_text_jsonl_and_csv_inputs_with_failures_in_a_side_file(small_jobs_cluster, tmp_path):
     (tmp_path / "notes.txt").write_text("first note\n\nsecond note\nthird note\n")
-    _finish(_embed(str(tmp_path / "notes.txt"), "--url", jobs_cluster.url, "-o", str(tmp_path / "notes.npy")))
+    _finish(_embed(str(tmp_path / "notes.txt"), "--url", small_jobs_cluster.url, "-o", str(tmp_path / "notes.npy")))
     vectors = np.load(tmp_path / "notes.npy")
-    assert vectors.shape == (3, 384) and vectors.dtype == np.float32
+    assert vectors.shape == (3, SMALL_MODEL_DIM) and vectors.dtype == np.float32
     assert np.load(tmp_path / "notes.ids.npy").tolist() == ["0", "1", "2"]
 
     lines = [json.dumps({"text": "a good line", "key": "k0"}), "{broken", json.dumps({"text": "", "key": "k2"}),
              json.dumps({"other": 1, "key": "k3"}), json.dumps({"text": "another good line", "key": "k4"})]
     (tmp_path / "items.jsonl").write_text("\n".join(lines) + "\n")
-    _finish(_embed(str(tmp_path / "items.jsonl"), "--url", jobs_cluster.url, "--id-field", "key",
+    _finish(_embed(str(tmp_path / "items.jsonl"), "--url", small_jobs_cluster.url, "--id-field", "key",
                    "-o", str(tmp_path / "items.parquet")))
     table = pq.read_table(tmp_path / "items.parquet")
     assert table.column("id").to_pylist() == ["k0", "k4"]
@@ -101,7 +101,7 @@ def test_text_jsonl_and_csv_inputs_with_failures_in_a_side_file(jobs_cluster, tm
     assert "JSON" in failed[0]["error"] and "empty" in failed[1]["error"] and "text" in failed[2]["error"]
 
     (tmp_path / "rows.csv").write_text("id,title\n7,a csv title\n9,another title\n")
-    _finish(_embed(str(tmp_path / "rows.csv"), "--url", jobs_cluster.url, "--field", "title", "--id-field", "id",
+    _finish(_embed(str(tmp_path / "rows.csv"), "--url", small_jobs_cluster.url, "--field", "title", "--id-field", "id",
                    "-o", str(tmp_path / "rows.parquet")))
     assert pq.read_table(tmp_path / "rows.parquet").column("id").to_pylist() == ["7", "9"]
 

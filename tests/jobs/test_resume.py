@@ -21,11 +21,11 @@ from tests.jobs.helpers import check_job_output, short_lines, wait_final
 LINES = 20_000
 
 
-def _serve(data_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
+def _serve(data_dir: Path, log_path: Path, model: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     argv = [sys.executable, "-m", "quiver", "serve", "--workers", "1", "--port", str(port), "--data-dir", str(data_dir),
             "--frontend-endpoint", f"tcp://127.0.0.1:{free_port()}", "--worker-endpoint", f"tcp://127.0.0.1:{free_port()}",
-            "--heartbeat-interval-s", "0.25"]
+            "--heartbeat-interval-s", "0.25", "--model", str(model)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUIVER_")}
     env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
     with open(log_path, "ab") as log:
@@ -77,10 +77,10 @@ def _committed_request_ids(data_dir: Path, batch_id: str) -> dict[int, str]:
                 db.execute("SELECT line, body FROM results WHERE batch_id = ?", (batch_id,))}
 
 
-def test_a_batch_resumes_after_every_process_is_killed(tmp_path):
+def test_a_batch_resumes_after_every_process_is_killed(tmp_path, small_model):
     data_dir = tmp_path / "data"
     log_path = tmp_path / "serve.log"
-    process, url = _serve(data_dir, log_path)
+    process, url = _serve(data_dir, log_path, small_model)
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
         uploaded = client.files.create(file=("in.jsonl", io.BytesIO("\n".join(short_lines(LINES)).encode())),
@@ -96,7 +96,7 @@ def test_a_batch_resumes_after_every_process_is_killed(tmp_path):
     assert 0 < len(before) < LINES, "the kill should land midway"
     assert sorted(before) == list(range(len(before)))  # committed parts are a prefix of the input
 
-    process, url = _serve(data_dir, log_path)
+    process, url = _serve(data_dir, log_path, small_model)
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
         batch = wait_final(client, batch.id, timeout=600)

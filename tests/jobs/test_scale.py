@@ -17,9 +17,9 @@ LINES = 20_000
 
 
 @pytest.fixture(scope="module")
-def server(jobs_cluster, tmp_path_factory):
+def server(small_jobs_cluster, tmp_path_factory):
     """A frontend of its own (its own data directory, the default line limit) on the shared cluster."""
-    process, url = jobs_cluster.extra_frontend(["--data-dir", str(tmp_path_factory.mktemp("scale-data"))])
+    process, url = small_jobs_cluster.extra_frontend(["--data-dir", str(tmp_path_factory.mktemp("scale-data"))])
     yield url
     process.signal(15)
     process.wait(10)
