@@ -74,7 +74,20 @@ def start_broker(*args: str, secret: str = SECRET) -> Cluster:
                       broker_args=["--metrics-port", str(port := free_port()), *args])
     cluster.metrics_url = f"http://127.0.0.1:{port}/metrics"  # type: ignore[attr-defined]
     cluster.start_broker()
+    # Return once the broker process is up: on a busy machine its start-up outlasts a peer's wait for a reply.
+    end = time.monotonic() + 60
+    while not _answers(cluster.metrics_url):  # type: ignore[attr-defined]
+        assert cluster.broker is not None and cluster.broker.alive() and time.monotonic() < end, \
+            cluster.broker.log() if cluster.broker else "no broker"
+        time.sleep(0.05)
     return cluster
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def refused(cluster: Cluster, message: str, reason: str) -> float:
