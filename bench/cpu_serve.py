@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,19 +19,14 @@ import httpx
 import numpy as np
 
 from quiver.bench.corpus import TokenCorpus
+from quiver.bench.local_server import free_port
 from quiver.common.model_info import default_model_dir
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _serve(workers: int) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-m", "quiver", "serve", "--workers", str(workers), "--threads", "1", "--port", str(port),
-            "--frontend-endpoint", f"tcp://127.0.0.1:{_free_port()}", "--worker-endpoint", f"tcp://127.0.0.1:{_free_port()}",
+            "--frontend-endpoint", f"tcp://127.0.0.1:{free_port()}", "--worker-endpoint", f"tcp://127.0.0.1:{free_port()}",
             "--log-level", "warning"]
     server = subprocess.Popen(argv, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     url = f"http://127.0.0.1:{port}"

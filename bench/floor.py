@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from quiver.bench.local_server import free_port, wait_http
 from quiver.common.protocol import Chunk, Result, decode
 from quiver.common.transport import make_socket, send_frames
 
@@ -187,29 +188,6 @@ uvicorn.run(Starlette(routes=[Route("/echo", echo, methods=["POST"])]), host="12
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _wait_http(port: int, path: str, timeout_s: float, process: subprocess.Popen[bytes]) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server on port {port} exited with {process.returncode}")
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            connection.request("GET" if path == "/health" else "POST", path, body=b"" if path != "/health" else None)
-            if connection.getresponse().status < 500:
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"no answer on port {port} within {timeout_s} s")
-
-
 def _post_times(port: int, path: str, body: bytes, requests: int) -> tuple[list[float], list[float]]:
     """Client seconds and the x-inference-time header (s, 0 when absent) of sequential POSTs."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -234,10 +212,10 @@ def _token_body(tokens: int, vocab: int) -> bytes:
 
 
 def starlette_round_trip(requests: int, tokens: int, dim: int) -> tuple[float, float]:
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen([sys.executable, "-c", STARLETTE_APP, str(port), str(dim)])
     try:
-        _wait_http(port, "/echo", 60, process)
+        wait_http(port, "/echo", 60, process)
         client, _ = _post_times(port, "/echo", _token_body(tokens, 30000), requests)
         return _percentiles(client)
     finally:
@@ -292,13 +270,13 @@ def quiver_overhead(args: argparse.Namespace, lengths: list[int], vocab: int) ->
     else of a `quiver serve` started here."""
     if args.url:
         return _overhead_at(int(args.url.rsplit(":", 1)[1].strip("/")), args.server_pid, args, lengths, vocab)
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "quiver", "serve", "--port", str(port), "--device", args.device]
     if args.model:
         command += ["--model", args.model]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_http(port, "/health", args.startup_timeout_s, process)
+        wait_http(port, "/health", args.startup_timeout_s, process)
         time.sleep(IDLE_SETTLE_S)
         return _overhead_at(port, process.pid, args, lengths, vocab)
     finally:

@@ -2,10 +2,11 @@
 
 Starts `quiver serve` with a tracer preloaded into each of its processes (a sitecustomize module on
 PYTHONPATH, written to a temporary folder; nothing of it is in the served code): every protocol message
-sent or received, and a few stage entries (the frontend's body parse and answer encoding, the worker
-scheduler's intake, launch, step end and answer), are logged with time.monotonic_ns, which on Linux is one
-clock for every process of the host. Then sequential token-id requests go to /v1/embeddings, and each
-request's events are lined up into one timeline: p50 / p90 µs of every segment, per length.
+sent (stamped as the send begins) or received (stamped once it is in), and a few stage entries (the
+frontend's body parse and answer encoding, the worker scheduler's intake, launch, step end and answer),
+are logged with time.monotonic_ns, which on Linux is one clock for every process of the host. Then
+sequential token-id requests go to /v1/embeddings, and each request's events are lined up into one
+timeline: p50 / p90 µs of every segment, per length.
 
     python -m quiver.bench.hop_trace --device cuda --model DIR --lengths 128,512,4096 --requests 200
     python -m quiver.bench.hop_trace --quick          # the packaged model on the CPU, a few requests
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from quiver.bench.floor import _free_port, _wait_http
+from quiver.bench.local_server import free_port, wait_http
 
 # Loaded by every Python process that starts with the tracing folder on PYTHONPATH and HOPTRACE set.
 TRACER = '''
@@ -46,8 +47,8 @@ if os.environ.get("HOPTRACE"):
     _send, _recv = transport.send_frames, transport.recv_frames
 
     def send_frames(sock, frames, identity=None, flags=0):
+        _log(f"send{len(frames)}")  # before the send: the peer's receive must never be stamped earlier
         _send(sock, frames, identity, flags)
-        _log(f"send{len(frames)}")
 
     def recv_frames(sock, flags=transport._NOBLOCK):
         frames = _recv(sock, flags)
@@ -171,12 +172,12 @@ def run(args: argparse.Namespace) -> dict[int, list[dict[str, Any]]]:
         (site / "sitecustomize.py").write_text(TRACER)
         env = dict(os.environ, HOPTRACE=str(trace),
                    PYTHONPATH=os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
-        port = _free_port()
+        port = free_port()
         command = [sys.executable, "-m", "quiver", "serve", "--port", str(port), "--device", args.device,
                    *(["--model", args.model] if args.model else []), *args.serve_args.split()]
         server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            _wait_http(port, "/health", args.startup_timeout_s, server)
+            wait_http(port, "/health", args.startup_timeout_s, server)
             requests = _send_requests(port, lengths, args.requests, info.vocab_size)
         finally:
             server.terminate()
