@@ -11,7 +11,9 @@ In one run, sequential requests through:
   (c) Quiver itself (`quiver serve`), /v1/embeddings with token ids, minus the worker's own step time
       (the x-inference-time header): the path overhead.
 Then prints the overhead against the floor, (a) blocking + (b), measured at each length's body size.
-Times are µs, p50 / p99.
+Times are µs, p50 / p99. For (c) it also prints each process's CPU time per request (every thread, from
+/proc schedstat): on a shared machine, where wall times drift between runs, the steadier figure to
+compare two builds by.
 
     python -m quiver.bench.floor [--quick] [--device cuda --model DIR --lengths 128,512,4096]
     python -m quiver.bench.floor --url http://127.0.0.1:8080 --server-pid PID --model DIR   # a running server
@@ -188,11 +190,16 @@ uvicorn.run(Starlette(routes=[Route("/echo", echo, methods=["POST"])]), host="12
 """
 
 
+def _sent(requests: int) -> int:
+    """Requests _post_times sends for `requests` timed ones: a fifth more, plus five, warm the path up."""
+    return requests + requests // 5 + 5
+
+
 def _post_times(port: int, path: str, body: bytes, requests: int) -> tuple[list[float], list[float]]:
     """Client seconds and the x-inference-time header (s, 0 when absent) of sequential POSTs."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     client, inference = [], []
-    for index in range(requests + requests // 5 + 5):
+    for index in range(_sent(requests)):
         started = time.perf_counter()
         connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
         response = connection.getresponse()
@@ -245,6 +252,17 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+def _cpu_ns(pid: int) -> int:
+    """CPU time every thread of a process has run so far, in ns (/proc schedstat: finer than clock ticks)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += int(open(f"/proc/{pid}/task/{task}/schedstat").read().split()[0])
+        except OSError:
+            continue  # the thread ended
+    return total
+
+
 def idle_cpu(pid: int, seconds: float) -> dict[str, float]:
     """Share of one core each process of `quiver serve` burns while no request comes."""
     tree = _process_tree(pid)
@@ -255,19 +273,22 @@ def idle_cpu(pid: int, seconds: float) -> dict[str, float]:
 
 def _overhead_at(port: int, pid: int, args: argparse.Namespace, lengths: list[int], vocab: int) -> dict[str, Any]:
     out: dict[str, Any] = {"idle_cpu": idle_cpu(pid, args.idle_s) if pid else {}}
+    tree = _process_tree(pid) if pid else {}
     for length in lengths:
+        before = {p: _cpu_ns(p) for p in tree}
         client, inference = _post_times(port, "/v1/embeddings", _token_body(length, vocab), args.requests)
+        cpu = {f"{p} {tree[p]}": round((_cpu_ns(p) - before[p]) / 1e3 / _sent(args.requests), 1) for p in before}
         client_p50, client_p99 = _percentiles(client)
         overhead_p50, overhead_p99 = _percentiles([c - i for c, i in zip(client, inference)])
         out[str(length)] = {"client_p50": client_p50, "client_p99": client_p99,
-                            "overhead_p50": overhead_p50, "overhead_p99": overhead_p99}
+                            "overhead_p50": overhead_p50, "overhead_p99": overhead_p99, "cpu_us_per_request": cpu}
     return out
 
 
 def quiver_overhead(args: argparse.Namespace, lengths: list[int], vocab: int) -> dict[str, Any]:
-    """Idle CPU of each process, then per length: client p50/p99 µs and the overhead (client -
-    x-inference-time) p50/p99 µs. Against --url when given (idle CPU then of --server-pid's processes),
-    else of a `quiver serve` started here."""
+    """Idle CPU of each process, then per length: client p50/p99 µs, the overhead (client -
+    x-inference-time) p50/p99 µs and each process's CPU µs per request. Against --url when given (CPU then
+    of --server-pid's processes), else of a `quiver serve` started here."""
     if args.url:
         return _overhead_at(int(args.url.rsplit(":", 1)[1].strip("/")), args.server_pid, args, lengths, vocab)
     port = free_port()
@@ -327,6 +348,12 @@ def print_table(result: dict[str, Any]) -> None:
         ratio = row["overhead_p50"] / result["floor_p50_by_length"][length]
         print(f"| {length} | {row['client_p50']} / {row['client_p99']} | {row['overhead_p50']} / "
               f"{row['overhead_p99']} | {ratio:.2f} |")
+    print()
+    print("| process of `quiver serve`, requests of N tokens | CPU µs per request (all its threads) |")
+    print("| --- | --- |")
+    for length, row in result["quiver"].items():
+        for process, micros in row.get("cpu_us_per_request", {}).items():
+            print(f"| {process}, N = {length} | {micros} |")
     print()
     print("| process of `quiver serve`, idle | CPU (cores) |")
     print("| --- | --- |")

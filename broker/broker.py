@@ -31,6 +31,7 @@ from quiver.broker import metrics
 from quiver.broker.dispatch import Dispatcher, PendingChunk, QueueFull, WorkerState
 from quiver.broker.model_guard import ModelGuard
 from quiver.common.config import BrokerSettings
+from quiver.common.metrics import Children
 from quiver.common.protocol import (
     PROTOCOL_VERSION, Cancel, Disconnect, Error, ErrorCode, Heartbeat, Message, MsgType, ProtocolError, Ready,
     Reconnect, Routed, TASK_TOKENS,
@@ -78,8 +79,8 @@ class Broker:
         self.running = True
         self.next_heartbeat = 0.0
         self.gauges_due: float | None = 0.0  # when the gauges are next set; None: nothing changed
-        self.dispatch_counters = metrics.Children(metrics.DISPATCHES)  # by worker name
-        self.received_counters = metrics.Children(metrics.CHUNKS_RECEIVED)  # by model name
+        self.dispatch_counters = Children(metrics.DISPATCHES)  # by worker name
+        self.received_counters = Children(metrics.CHUNKS_RECEIVED)  # by model name
         log.info("broker %s listening: frontends on %s, workers on %s",
                  self.instance_id, settings.frontend_endpoint, settings.worker_endpoint)
 

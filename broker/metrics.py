@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from quiver.common.metrics import LoopBeat, define
 from quiver.common.protocol import ErrorCode
@@ -27,19 +26,6 @@ INFLIGHT_CHUNKS = define("quiver_broker_inflight_chunks")
 INFLIGHT_TOKENS = define("quiver_broker_inflight_tokens")
 WORKER_UP = define("quiver_broker_worker_up")
 LOOP_TIMESTAMP = define("quiver_broker_loop_timestamp_seconds")
-
-class Children(dict):
-    """A labelled metric's children by label value, each looked up once: `labels()` takes a lock and
-    builds a key, too much for every chunk."""
-
-    def __init__(self, metric: Any) -> None:
-        super().__init__()
-        self.metric = metric
-
-    def __missing__(self, label: str) -> Any:
-        child = self[label] = self.metric.labels(label)
-        return child
-
 
 # Called once per poll-loop iteration; run_broker attaches systemd's watchdog to it.
 loop_tick = LoopBeat(LOOP_TIMESTAMP)

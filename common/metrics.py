@@ -19,7 +19,7 @@ import copy
 import logging
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Literal
+from typing import Any, Iterable, Iterator, Literal
 
 from prometheus_client import (
     REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, start_http_server,
@@ -225,6 +225,19 @@ def define(name: str, registry: CollectorRegistry = REGISTRY):
     if entry.kind == "histogram":
         return Histogram(entry.name, entry.help, entry.own_labels, buckets=entry.buckets, registry=registry)
     raise ValueError(f"unknown metric type {entry.kind!r}")
+
+
+class Children(dict):
+    """A labelled metric's children by label values (one value, or a tuple of them), each looked up once:
+    `labels()` takes a lock and builds a key, too much for every request or chunk."""
+
+    def __init__(self, metric: Any) -> None:
+        super().__init__()
+        self.metric = metric
+
+    def __missing__(self, key: str | tuple[str, ...]) -> Any:
+        child = self[key] = self.metric.labels(*key) if isinstance(key, tuple) else self.metric.labels(key)
+        return child
 
 
 class WithLabels(Collector):

@@ -222,7 +222,7 @@ def check_content_type(request: Request) -> None:
 def requested_model(body: Any, request: Request) -> str | None:
     """The model a request names: its body's `model` field, else a `model` query parameter."""
     model = body.get("model") if isinstance(body, dict) else getattr(body, "model", None)
-    if model is None:
+    if model is None and request.scope["query_string"]:  # parsing an empty query string costs tens of µs
         model = request.query_params.get("model")
     return model if isinstance(model, str) else None
 
@@ -272,25 +272,25 @@ def endpoint(spec: RouteSpec, models: ModelRegistry, settings: FrontendSettings,
                                                   watch=ticket is not None)
         except ClientDisconnected:
             failure = "client_disconnected"
-            metrics.FAILURES.labels(route, "client_disconnected").inc()
+            metrics.FAILURES_BY[route, "client_disconnected"].inc()
             response = Response(status_code=CLIENT_CLOSED_REQUEST)
         except APIError as error:
             failure = error.reason
-            metrics.FAILURES.labels(route, error.reason).inc()
+            metrics.FAILURES_BY[route, error.reason].inc()
             response = render(error, spec.style)
         except Exception:
             log.exception("unexpected failure on %s", route)
             failure = "internal"
-            metrics.FAILURES.labels(route, "internal").inc()
+            metrics.FAILURES_BY[route, "internal"].inc()
             response = render(APIError("internal", "internal server error"), spec.style)
         finally:
             if ticket is not None:
                 ticket.release()
-        metrics.REQUESTS.labels(route, str(response.status_code), model_name).inc()
+        metrics.REQUESTS_BY[route, str(response.status_code), model_name].inc()
         if trace is not None:
             trace.finish(response.status_code, failure, model_name)
         if response.status_code < 400:
-            metrics.STAGE_SECONDS.labels(route, "total", model_name).observe(time.monotonic() - started)
+            metrics.STAGE_SECONDS_BY[route, "total", model_name].observe(time.monotonic() - started)
         return response
 
     return serve

@@ -100,8 +100,8 @@ async def embed_split(service: Service, inputs: object, *, route: str, truncate:
     service.check_encoding_format(encoding_format)
     windows = await make_windows(service, inputs, prompt_name, instruction, param)
     timings.tokenization_s = time.monotonic() - timings.started
-    metrics.INPUT_TOKENS.labels(route).observe(windows.seqs.num_tokens)
-    metrics.INPUTS.labels(route).observe(windows.num_inputs)
+    metrics.INPUT_TOKENS_BY[route].observe(windows.seqs.num_tokens)
+    metrics.INPUTS_BY[route].observe(windows.num_inputs)
     rows = await service.pipeline.run(windows.seqs, TASK_EMBED, False, timings)
     record_stages(route, timings, service.model_name)
     return Embeddings(matryoshka(weighted_mean(rows, windows, normalize), dimensions, normalize),

@@ -7,7 +7,7 @@ combines as its contract entry says.
 
 from __future__ import annotations
 
-from quiver.common.metrics import define
+from quiver.common.metrics import Children, define
 
 REQUESTS = define("quiver_requests_total")
 FAILURES = define("quiver_request_failures_total")
@@ -21,6 +21,14 @@ CHUNKS_RESENT = define("quiver_frontend_chunks_resent_total")
 BAD_MESSAGES = define("quiver_frontend_bad_messages_total")
 OTHER_MODEL_NAMES = define("quiver_frontend_other_model_names_total")
 CONNECTIONS_CUT = define("quiver_frontend_connections_cut_total")
+
+# The children every request records into, by label values: (route, status, model), (route, reason),
+# (route, stage, model), route.
+REQUESTS_BY = Children(REQUESTS)
+FAILURES_BY = Children(FAILURES)
+STAGE_SECONDS_BY = Children(STAGE_SECONDS)
+INPUT_TOKENS_BY = Children(INPUT_TOKENS)
+INPUTS_BY = Children(INPUTS)
 CUT_REASONS = ("header_timeout", "header_too_large", "too_many_connections")
 for _reason in CUT_REASONS:
     CONNECTIONS_CUT.labels(_reason)  # every reason exported from the start, at 0

@@ -64,8 +64,8 @@ async def sparse_embed(service: Service, inputs: object, *, route: str, truncate
                        f"{route} needs a sparse model (SPLADE, or BGE-M3 with its sparse head); this server runs "
                        f"{service.model_name}, {describe(service.info)}, which serves {ROUTES_BY_KIND[service.info.kind]}")
     seqs = await service.tokenize(inputs, truncate, direction, prompt_name, param, timings, instruction)
-    metrics.INPUT_TOKENS.labels(route).observe(seqs.num_tokens)
-    metrics.INPUTS.labels(route).observe(seqs.num_seqs)
+    metrics.INPUT_TOKENS_BY[route].observe(seqs.num_tokens)
+    metrics.INPUTS_BY[route].observe(seqs.num_seqs)
     results = await service.pipeline.run_results(seqs, TASK_EMBED, False, timings)
     record_stages(route, timings, service.model_name)
     return [row for result in results for row in result_rows(result)], seqs.num_tokens, timings

@@ -47,7 +47,7 @@ def record_stages(route: str, timings: Timings, model: str) -> None:
     """The request's tokenization, queue and inference seconds, in the stage histogram."""
     for stage, seconds in (("tokenization", timings.tokenization_s), ("queue", timings.queue_s),
                            ("inference", timings.inference_s)):
-        metrics.STAGE_SECONDS.labels(route, stage, model).observe(seconds)
+        metrics.STAGE_SECONDS_BY[route, stage, model].observe(seconds)
 
 
 # What each kind of model answers, for errors that refuse a route.
@@ -287,5 +287,5 @@ class Service:
 
     @staticmethod
     def _observe(route: str, seqs: RaggedIds) -> None:
-        metrics.INPUT_TOKENS.labels(route).observe(seqs.num_tokens)
-        metrics.INPUTS.labels(route).observe(seqs.num_seqs)
+        metrics.INPUT_TOKENS_BY[route].observe(seqs.num_tokens)
+        metrics.INPUTS_BY[route].observe(seqs.num_seqs)

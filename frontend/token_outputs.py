@@ -47,8 +47,8 @@ class TokenRows:
 
 
 def record_request(route: str, seqs: RaggedIds, timings: Timings, model: str) -> None:
-    metrics.INPUT_TOKENS.labels(route).observe(seqs.num_tokens)
-    metrics.INPUTS.labels(route).observe(seqs.num_seqs)
+    metrics.INPUT_TOKENS_BY[route].observe(seqs.num_tokens)
+    metrics.INPUTS_BY[route].observe(seqs.num_seqs)
     record_stages(route, timings, model)
 
 

@@ -25,6 +25,9 @@ def test_floor_quick_prints_the_floor_and_quivers_overhead(tmp_path: Path) -> No
     assert 0 < row["overhead_p50"] <= row["client_p50"] and row["client_p50"] <= row["client_p99"]
     assert len(result["idle_cpu"]) >= 4  # the supervisor, broker, worker and frontend at least
     assert all(0 <= cores for cores in result["idle_cpu"].values())
+    cpu = row["cpu_us_per_request"]
+    for role in ("quiver frontend", "quiver broker", "quiver worker"):  # each did work for every request
+        assert [micros for process, micros in cpu.items() if role in process and micros > 0], (role, cpu)
     table = done.stdout
     assert result["floor_p50_by_length"] == {"128": result["floor_p50"]}
     assert "| floor at 128 tokens: pyzmq blocking (no hand-off) + Starlette |" in table
