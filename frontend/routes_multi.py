@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, StrictStr
 from starlette.responses import Response
 
 from quiver.common.model_info import OUTPUT_COLBERT, OUTPUT_DENSE, OUTPUT_SPARSE
@@ -17,22 +16,15 @@ from quiver.frontend.errors import APIError
 from quiver.frontend.http import Call, json_response
 from quiver.frontend.quantize import encode_rows
 from quiver.frontend.schemas import (
-    INSTRUCTION_HELP, MODEL_HELP, TRUNCATE_HELP, Direction, EmbeddingRequest, Inputs,
+    EmbeddingRequest,
 )
-from quiver.frontend.schemas import Request as RequestModel
+from quiver.frontend.schemas import TeiInputsRequest
 from quiver.frontend.service import Service, matryoshka
 from quiver.frontend.token_outputs import M3Outputs, token_rows
 
 
-class EmbedAllRequest(RequestModel):
+class EmbedAllRequest(TeiInputsRequest):
     """POST /embed_all, as Text Embeddings Inference."""
-
-    inputs: Inputs
-    truncate: bool | None = Field(None, description=TRUNCATE_HELP)
-    truncation_direction: Direction = "right"
-    prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
-    instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
-    model: StrictStr | None = Field(None, description=MODEL_HELP)
 
 
 EMBED_ALL_RESPONSE_SCHEMA = {"type": "array", "items": {"type": "array", "items": {

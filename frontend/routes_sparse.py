@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 import numpy as np
-from pydantic import Field, StrictStr
 from starlette.responses import Response
 
 from quiver.common.model_info import KIND_SPARSE
@@ -21,21 +20,13 @@ from quiver.frontend import metrics
 from quiver.frontend.errors import APIError
 from quiver.frontend.http import Call, json_response
 from quiver.frontend.pipeline import Timings
-from quiver.frontend.schemas import INSTRUCTION_HELP, MODEL_HELP, TRUNCATE_HELP, Direction, Inputs
-from quiver.frontend.schemas import Request as RequestModel
+from quiver.frontend.schemas import TeiInputsRequest
 from quiver.frontend.service import ROUTES_BY_KIND, Service, describe, record_stages
 from quiver.frontend.token_outputs import M3Outputs, token_rows
 
 
-class SparseEmbedRequest(RequestModel):
+class SparseEmbedRequest(TeiInputsRequest):
     """POST /embed_sparse, as Text Embeddings Inference."""
-
-    inputs: Inputs
-    truncate: bool | None = Field(None, description=TRUNCATE_HELP)
-    truncation_direction: Direction = "right"
-    prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
-    instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
-    model: StrictStr | None = Field(None, description=MODEL_HELP)
 
 
 SPARSE_RESPONSE_SCHEMA = {"type": "array", "items": {"type": "array", "items": {

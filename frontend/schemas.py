@@ -88,6 +88,17 @@ class OpenAIError(BaseModel):
 
 
 # Text Embeddings Inference ----------------------------------------------------------------------
+class TeiInputsRequest(Request):
+    """The fields of Text Embeddings Inference's token-output routes (/embed_all, /embed_sparse)."""
+
+    inputs: Inputs
+    truncate: bool | None = Field(None, description=TRUNCATE_HELP)
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = Field(None, description="a prompt of the model's sentence-transformers config")
+    instruction: StrictStr | None = Field(None, description=INSTRUCTION_HELP)
+    model: StrictStr | None = Field(None, description=MODEL_HELP)
+
+
 class EmbedRequest(Request):
     """POST /embed, as Text Embeddings Inference."""
 
