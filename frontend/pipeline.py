@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Awaitable, Callable
 
 import numpy as np
 
@@ -104,9 +106,7 @@ class Pipeline:
 
     async def run_results(self, seqs: RaggedIds, task: str, normalize: bool, timings: Timings) -> list[Result]:
         """The chunks' results in input order (dense, or sparse for SPLADE models), or an APIError."""
-        if not self.client.healthy and not await self.client.recheck_workers():
-            reason = "no worker is live" if self.client.broker_alive else "the broker is unreachable"
-            raise APIError("unavailable", f"{reason}; try again shortly", headers={"Retry-After": RETRY_AFTER_S})
+        await self._require_workers()
         ticket = CURRENT_TICKET.get()
         if ticket is not None:  # reserved from the body's size by the request prologue; now exact
             ticket.settle(seqs.num_tokens)
@@ -116,6 +116,43 @@ class Pipeline:
             return await self._run_chunks(seqs, task, normalize, timings)
         finally:
             ticket.release()
+
+    async def run_overlapped(self, first: RaggedIds, rest: Callable[[], Awaitable[RaggedIds]], task: str,
+                             normalize: bool, timings: Timings) -> tuple[np.ndarray, int]:
+        """Rows for `first` then for what `rest()` gives, in that order, with the number of tokens of both.
+
+        `first`'s chunks go out at once, while `rest` is still being made (a long request's later inputs
+        tokenizing on the pool): its first step runs meanwhile. The request's reservation is settled once
+        both are known; a failure of either part cancels the other's chunks."""
+        await self._require_workers()
+        ticket = CURRENT_TICKET.get()
+        own = None
+        if ticket is None:
+            own = ticket = self.admission.reserve(first.num_tokens, estimated=False)
+        first_timings = dataclasses.replace(timings)
+        first_run = asyncio.ensure_future(self._run_chunks(first, task, normalize, first_timings))
+        try:
+            later = await rest()
+            if first_run.done():
+                first_run.result()  # it failed already: its error is the request's
+            ticket.settle(first.num_tokens + later.num_tokens)
+            later_results = await self._run_chunks(later, task, normalize, timings)
+            first_results = await first_run
+        finally:
+            if not first_run.done():
+                first_run.cancel()
+                await asyncio.gather(first_run, return_exceptions=True)
+            if own is not None:
+                own.release()
+        timings.queue_s = max(timings.queue_s, first_timings.queue_s)
+        timings.inference_s = max(timings.inference_s, first_timings.inference_s)
+        rows = np.concatenate([r.values for r in (*first_results, *later_results)], axis=0)
+        return rows, first.num_tokens + later.num_tokens
+
+    async def _require_workers(self) -> None:
+        if not self.client.healthy and not await self.client.recheck_workers():
+            reason = "no worker is live" if self.client.broker_alive else "the broker is unreachable"
+            raise APIError("unavailable", f"{reason}; try again shortly", headers={"Retry-After": RETRY_AFTER_S})
 
     def _chunks(self, seqs: RaggedIds, task: str, normalize: bool, timeout_s: float) -> list[Chunk]:
         traceparent = current_traceparent()

@@ -82,19 +82,20 @@ class TextTokenizer:
         return self.truncating[_normalise_direction(direction)] if truncate else self.plain
 
     def encode_sync(self, texts: list[TextInput], truncate: bool, direction: str, param: str = "input",
-                    with_types: bool = False) -> RaggedIds:
-        """Texts, or (a, b) pairs in the tokenizer's pair template; segment ids when with_types."""
+                    with_types: bool = False, first_row: int = 0) -> RaggedIds:
+        """Texts, or (a, b) pairs in the tokenizer's pair template; segment ids when with_types. Errors
+        name an input by its index plus first_row (the request's index of texts[0])."""
         encodings = self._pick(truncate, direction).encode_batch(texts, add_special_tokens=True)
         seqs = RaggedIds.from_lists([e.ids for e in encodings], [e.type_ids for e in encodings] if with_types else None)
-        return self._checked(seqs, param)
+        return self._checked(seqs, param, first_row=first_row)
 
     async def encode(self, texts: list[TextInput], truncate: bool, direction: str, param: str = "input",
-                     with_types: bool = False) -> RaggedIds:
+                     with_types: bool = False, first_row: int = 0) -> RaggedIds:
         return await self.off_loop(_chars(texts),
-                                    lambda: self.encode_sync(texts, truncate, direction, param, with_types))
+                                    lambda: self.encode_sync(texts, truncate, direction, param, with_types, first_row))
 
     def encode_prompts_sync(self, prefix: str, bodies: list[str], suffix: str, truncate: bool, direction: str,
-                            param: str) -> RaggedIds:
+                            param: str, first_row: int = 0) -> RaggedIds:
         """prefix + body + suffix per body, each part tokenized alone; truncation cuts the body only."""
         head, tail = self._fixed_ids(prefix), self._fixed_ids(suffix)
         room = self.max_length - len(head) - len(tail)
@@ -102,27 +103,28 @@ class TextTokenizer:
         for body in self.plain.encode_batch(bodies, add_special_tokens=True):
             middle = _cut(body.ids, room, direction) if truncate and len(body.ids) > room else body.ids
             ids.append(head + middle + tail)
-        return self._checked(RaggedIds.from_lists(ids), param)
+        return self._checked(RaggedIds.from_lists(ids), param, first_row=first_row)
 
     async def encode_prompts(self, prefix: str, bodies: list[str], suffix: str, truncate: bool, direction: str,
-                             param: str) -> RaggedIds:
-        return await self.off_loop(sum(len(b) for b in bodies),
-                                    lambda: self.encode_prompts_sync(prefix, bodies, suffix, truncate, direction, param))
+                             param: str, first_row: int = 0) -> RaggedIds:
+        return await self.off_loop(sum(len(b) for b in bodies), lambda: self.encode_prompts_sync(
+            prefix, bodies, suffix, truncate, direction, param, first_row))
 
     def _checked(self, seqs: RaggedIds, param: str, limits: RaggedLimits | None = None,
-                empty: str = "has no tokens") -> RaggedIds:
+                 empty: str = "has no tokens", first_row: int = 0) -> RaggedIds:
         """`seqs` once validated against the model's limits (or `limits`), or the APIError that says why
-        not; `empty` completes "input N ..." for an input without tokens."""
+        not; `empty` completes "input N ..." for an input without tokens; N counts from first_row."""
         limits = self.limits if limits is None else limits
         try:
             seqs.validate(limits)
         except RaggedError as exc:
+            row = None if exc.row is None else exc.row + first_row
             if exc.code == EMPTY_ROW:
-                raise APIError("empty_input", f"input {exc.row} {empty}", param=param) from exc
+                raise APIError("empty_input", f"input {row} {empty}", param=param) from exc
             if exc.code == OUT_OF_VOCABULARY:
-                raise self._out_of_vocabulary(exc.row, exc.value, param) from exc
+                raise self._out_of_vocabulary(row, exc.value, param) from exc
             if exc.code == TOO_LONG:
-                raise self._too_long(exc.row, exc.value, param) from exc
+                raise self._too_long(row, exc.value, param) from exc
             raise
         return seqs
 

@@ -21,6 +21,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from quiver.common.model_info import default_model_dir
+from quiver.frontend.service import overlap_cut
 from tests.cluster import Cluster, free_port
 from tests.worker.engine.families import spread_weights
 
@@ -333,6 +334,34 @@ def test_pairs_are_chunked_over_both_workers(cross_encoder):
     np.testing.assert_allclose(served, expected, atol=ATOL, rtol=0)
 
 
+def long_documents(count: int, words: int) -> list[str]:
+    """`count` distinct documents of about `words` words each, from DOCUMENTS' words."""
+    vocabulary = " ".join(DOCUMENTS).split()
+    return [" ".join(vocabulary[(i * 7 + j) % len(vocabulary)] for j in range(words)) for i in range(count)]
+
+
+def test_a_long_rerank_sends_its_first_documents_while_the_rest_tokenize(cross_encoder):
+    """24 documents of ~1,000 characters: the first three go out before the others are tokenized
+    (frontend/service.py, overlap_cut); the scores are the same as transformers' and in input order."""
+    texts = long_documents(24, 180)
+    assert sum(map(len, texts)) >= 16_384 and overlap_cut(texts) == 3
+    ranks = ok(post(cross_encoder, "/rerank", {"query": QUERY, "texts": texts, "raw_scores": True}))
+    expected = hf_pair_logits(cross_encoder.path, [QUERY] * len(texts), texts, 512)[:, 0]
+    served = np.array([r["score"] for r in sorted(ranks, key=lambda r: r["index"])])
+    np.testing.assert_allclose(served, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("too_long", [1, 20])  # in the first part sent, and in the part tokenized after it
+def test_a_too_long_document_of_a_long_rerank_is_named_by_its_index(cross_encoder, too_long):
+    texts = long_documents(24, 180)
+    texts[too_long] = "cats sleep in the sun " * 150  # 750 words, over MiniLM's 512 positions
+    refused = post(cross_encoder, "/rerank", {"query": QUERY, "texts": texts})
+    assert refused.status_code == 422, refused.text
+    assert f"input {too_long} has" in refused.json()["error"]
+    served = ok(post(cross_encoder, "/rerank", {"query": QUERY, "texts": texts, "truncate": True}))
+    assert sorted(r["index"] for r in served) == list(range(len(texts)))
+
+
 SCORER_ERRORS = [
     # (route, body, status, TEI error_type or OpenAI code, words the message must hold)
     ("/rerank", {"query": QUERY, "texts": []}, 400, "Empty", "empty"),
@@ -421,6 +450,14 @@ def test_reranker_scores_equal_the_yes_probability_of_transformers(reranker):
     np.testing.assert_allclose(served, sigmoid(logits), atol=ATOL, rtol=0)
     assert [r["score"] for r in ranks] == sorted(served.tolist(), reverse=True)
     raw = ok(post(reranker, "/score", {"text_1": QUERY, "text_2": DOCUMENTS, "raw_scores": True}))
+    np.testing.assert_allclose([d["score"] for d in raw["data"]], logits, atol=ATOL, rtol=0)
+
+
+def test_a_long_reranker_request_sent_in_two_parts_equals_transformers(reranker):
+    texts = [f"{DOCUMENTS[i % 8]} {DOCUMENTS[(i + 3) % 8]} {i}" for i in range(250)]
+    assert overlap_cut(texts) == 31
+    logits = hf_reranker_logits(reranker.path, WEB_SEARCH, QUERY, texts)
+    raw = ok(post(reranker, "/score", {"text_1": QUERY, "text_2": texts, "raw_scores": True}))
     np.testing.assert_allclose([d["score"] for d in raw["data"]], logits, atol=ATOL, rtol=0)
 
 
