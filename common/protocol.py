@@ -486,11 +486,11 @@ def _as_frame(array: np.ndarray | None, dtype: Any) -> memoryview:
 
 def _decode_header(frames: list[Any]) -> tuple[type[Message], dict[str, Any], list[bytes | memoryview]]:
     """Check the type byte and the header; return the message class, the header and the array frames
-    (memoryviews over the received buffers, not read)."""
+    (as received: bytes, buffers or zmq Frames, not read; receivers view them with memoryview)."""
     if len(frames) < 2:
         raise ProtocolError(f"a message needs a type frame and a header frame, got {len(frames)} frames")
-    type_frame, header_frame, *views = (memoryview(getattr(f, "buffer", f)) for f in frames)
-    arrays: list[bytes | memoryview] = list(views)
+    type_frame, header_frame = memoryview(frames[0]), memoryview(frames[1])
+    arrays: list[bytes | memoryview] = frames[2:]
     if type_frame.nbytes != 1:
         raise ProtocolError("the type frame must be one byte")
     known_type = _CLASSES_BY_BYTE.get(type_frame[0])
@@ -557,7 +557,7 @@ def peek(frames: list[Any]) -> Message | Routed:
         expected = result_frame_bytes(header)
     else:
         return cls.from_parts(header, arrays)
-    sizes = [memoryview(a).nbytes for a in arrays]
+    sizes = [memoryview(a).nbytes for a in arrays]  # bytes, not elements, whatever the buffer's format
     if sizes != expected:
         raise ProtocolError(f"{cls.TYPE.name} array frames hold {sizes} bytes, its header implies {expected}")
     return Routed(cls.TYPE, header, list(frames))
