@@ -25,7 +25,6 @@ import multiprocessing
 import os
 import queue
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,22 +34,13 @@ from typing import Any
 
 import numpy as np
 
+from quiver.bench.local_server import cpu_seconds, free_port
 from quiver.bench.stand_in_peers import FrontendRun, drive_stand_in_frontend, serve_stand_in_workers
 from quiver.common.security import CurveClient, make_keys
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
 
 def free_endpoint() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time a process has used so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 def start_broker(frontend_endpoint: str, worker_endpoint: str, extra: list[str], log_path: Path) -> subprocess.Popen:

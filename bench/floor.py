@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from quiver.bench.local_server import free_port, wait_http
+from quiver.bench.local_server import cpu_seconds, free_port, wait_http
 from quiver.common.protocol import Chunk, Result, decode
 from quiver.common.transport import make_socket, send_frames
 
@@ -247,37 +247,21 @@ def _process_tree(pid: int) -> dict[int, str]:
     return tree
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
-def _cpu_ns(pid: int) -> int:
-    """CPU time every thread of a process has run so far, in ns (/proc schedstat: finer than clock ticks)."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            total += int(open(f"/proc/{pid}/task/{task}/schedstat").read().split()[0])
-        except OSError:
-            continue  # the thread ended
-    return total
-
-
 def idle_cpu(pid: int, seconds: float) -> dict[str, float]:
     """Share of one core each process of `quiver serve` burns while no request comes."""
     tree = _process_tree(pid)
-    before = {p: _cpu_seconds(p) for p in tree}
+    before = {p: cpu_seconds(p) for p in tree}
     time.sleep(seconds)
-    return {f"{p} {tree[p]}": round((_cpu_seconds(p) - before[p]) / seconds, 3) for p in before}
+    return {f"{p} {tree[p]}": round((cpu_seconds(p) - before[p]) / seconds, 3) for p in before}
 
 
 def _overhead_at(port: int, pid: int, args: argparse.Namespace, lengths: list[int], vocab: int) -> dict[str, Any]:
     out: dict[str, Any] = {"idle_cpu": idle_cpu(pid, args.idle_s) if pid else {}}
     tree = _process_tree(pid) if pid else {}
     for length in lengths:
-        before = {p: _cpu_ns(p) for p in tree}
+        before = {p: cpu_seconds(p) for p in tree}
         client, inference = _post_times(port, "/v1/embeddings", _token_body(length, vocab), args.requests)
-        cpu = {f"{p} {tree[p]}": round((_cpu_ns(p) - before[p]) / 1e3 / _sent(args.requests), 1) for p in before}
+        cpu = {f"{p} {tree[p]}": round((cpu_seconds(p) - before[p]) * 1e6 / _sent(args.requests), 1) for p in before}
         client_p50, client_p99 = _percentiles(client)
         overhead_p50, overhead_p99 = _percentiles([c - i for c, i in zip(client, inference)])
         out[str(length)] = {"client_p50": client_p50, "client_p99": client_p99,

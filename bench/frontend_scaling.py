@@ -29,7 +29,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from quiver.bench.broker_capacity import cpu_seconds, free_endpoint, start_broker
+from quiver.bench.broker_capacity import free_endpoint, start_broker
+from quiver.bench.local_server import cpu_seconds, free_port
 from quiver.bench.corpus import stdlib_documents
 from quiver.bench.stand_in_peers import serve_stand_in_workers
 from quiver.common.fingerprint import model_fingerprint
@@ -122,7 +123,7 @@ def wait_healthy(url: str, timeout_s: float, frontend: subprocess.Popen) -> None
 def measure(processes: int, args: argparse.Namespace, model: str, dim: int, broker_endpoint: str,
             log_dir: Path) -> dict[str, Any]:
     """Start a frontend of `processes` HTTP processes, drive it for args.seconds, stop it."""
-    port = int(free_endpoint().rsplit(":", 1)[1])
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUIVER_")}
     with open(log_dir / f"frontend-{processes}.log", "ab") as log:
         frontend = subprocess.Popen(

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from quiver.bench.local_server import free_port
 from quiver.bench.stand_ins import build_stand_in
 
 EMBEDDER, RERANKER = "pplx-embed-0.6b-shape", "bge-reranker-v2-m3-shape"
@@ -34,14 +35,6 @@ NAMES = {EMBEDDER: "embedder", RERANKER: "reranker"}
 QUERY = "how do the workers of two models share one graphics processor"
 DOCUMENT = ("Each model's worker is a process of its own with its share of the device's memory; the broker "
             "keeps a pool of workers per model and sends every chunk to a worker of the model it names. ") * 3
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_server(config: Path, port: int, log: Path) -> subprocess.Popen:

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 
 from quiver.bench.engine.checkpoints import xlmr_large_config
+from quiver.bench.local_server import free_port
 
 DOC_COUNTS = (5, 25, 50)
 DOC_TOKENS = 512
@@ -129,12 +129,6 @@ def run_transformers(model: Any, path: Path, args: argparse.Namespace) -> dict[s
 
 
 # ---- Quiver ---------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_quiver(path: Path, args: argparse.Namespace, log_path: Path) -> tuple[subprocess.Popen, str]:

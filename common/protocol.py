@@ -484,13 +484,13 @@ def _as_frame(array: np.ndarray | None, dtype: Any) -> memoryview:
     return array.data.cast("B")
 
 
-def _decode_header(frames: list[Any]) -> tuple[type[Message], dict[str, Any], list[bytes | memoryview]]:
+def _decode_header(frames: list[Any]) -> tuple[type[Message], dict[str, Any], list[Any]]:
     """Check the type byte and the header; return the message class, the header and the array frames
     (as received: bytes, buffers or zmq Frames, not read; receivers view them with memoryview)."""
     if len(frames) < 2:
         raise ProtocolError(f"a message needs a type frame and a header frame, got {len(frames)} frames")
     type_frame, header_frame = memoryview(frames[0]), memoryview(frames[1])
-    arrays: list[bytes | memoryview] = frames[2:]
+    arrays = frames[2:]
     if type_frame.nbytes != 1:
         raise ProtocolError("the type frame must be one byte")
     known_type = _CLASSES_BY_BYTE.get(type_frame[0])
