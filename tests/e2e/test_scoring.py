@@ -345,7 +345,10 @@ def test_a_long_rerank_sends_its_first_documents_while_the_rest_tokenize(cross_e
     (frontend/service.py, overlap_cut); the scores are the same as transformers' and in input order."""
     texts = long_documents(24, 180)
     assert sum(map(len, texts)) >= 16_384 and overlap_cut(texts) == 3
+    before = _dispatches_by_worker(cross_encoder)
     ranks = ok(post(cross_encoder, "/rerank", {"query": QUERY, "texts": texts, "raw_scores": True}))
+    # Chunks of at most 4 pairs: the first three alone, then the other 21 in six (24 at once would be six).
+    assert sum(_dispatches_by_worker(cross_encoder).values()) - sum(before.values()) == 1 + 6
     expected = hf_pair_logits(cross_encoder.path, [QUERY] * len(texts), texts, 512)[:, 0]
     served = np.array([r["score"] for r in sorted(ranks, key=lambda r: r["index"])])
     np.testing.assert_allclose(served, expected, atol=ATOL, rtol=0)
