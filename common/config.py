@@ -107,6 +107,9 @@ class WorkerSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
                                         "the frontend, quiver-worker for workers)")
     background_step_tokens: int = option(0, "background (bulk job) tokens in one forward pass while online work is "
                                             "about (0: 512 on a GPU, 64 on a CPU)")
+    quiet_background_step_tokens: int = option(0, "background tokens in one forward pass after 2 s without online "
+                                                  "work: what the first online request then waits for at most "
+                                                  "(0: 8192 on a GPU, 512 on a CPU)")
 
 
 @dataclass

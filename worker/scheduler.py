@@ -5,12 +5,16 @@ budget and the sequence cap (a single sequence longer than the budget runs alone
 sequences left after a step goes to the back of the queue (round robin), so a request arriving while a
 long one is being worked through is held by at most one step of it, and the long one is never starved.
 
-Priority: online rows go first in every step, background rows (bulk jobs) after them. While online
-work has been seen in the last ONLINE_RECENT_S, a step takes at most `background_step_tokens` of
-background rows (at least one sequence, so a bulk job always moves): an online request that arrives
-while a background step runs waits for that short step only. Without recent online work, background
-rows take QUIET_BACKGROUND_FACTOR times as many, enough for the device's throughput, but not the whole
-budget: the first online request after a quiet spell then waits for a step of moderate size.
+Priority: a step with online rows takes no background rows (bulk jobs), so that an online request never
+shares its step with bulk work; background rows run in steps of their own, when no online row waits.
+While online work has been seen in the last ONLINE_RECENT_S, such a step takes at most
+`background_step_tokens` of background rows (at least one sequence, so a bulk job always moves): an
+online request that arrives while it runs waits for that short step only. Without recent online work,
+background rows take up to `quiet_background_step_tokens`: on an H200 (bench/step_size.py) 8,192 tokens
+of mixed lengths run at 0.97 of the throughput of a full 16,384-token step, 4,096 at 0.92 and 512 at
+0.42, while the first online request after a quiet spell waits for at most one such step (about 19 ms
+there). So that online traffic that never pauses cannot starve a bulk job, background rows that have
+waited BACKGROUND_MAX_WAIT_S join the next step, online rows or not, with their short share.
 
 One step runs on the device at a time. While it runs the scheduler does the CPU side of the step before
 (scatter the rows, answer finished chunks) and collects arrivals; it waits on the running step's event and
@@ -48,10 +52,12 @@ IDLE_POLL_S = 0.1  # an idle loop wakes this often (for the stop flag and the wa
 # What the I/O thread puts chunks and cancels into (the worker uses the SimpleQueue).
 Inbox = Union["queue.SimpleQueue[Chunk | Cancel]", "queue.Queue[Chunk | Cancel]"]
 ONLINE_RECENT_S = 2.0  # background rows stay in short steps this long after online work was last seen
-QUIET_BACKGROUND_FACTOR = 8  # then they take this many times background_step_tokens
-# Background tokens in a step while online work is about, by device type: on a GPU a step this size
-# costs little more than the smallest step; a CPU's step time grows with every token.
+# Background tokens in a step while online work is about, and without it, by device type: on a GPU a
+# short step costs little more than the smallest step; a CPU's step time grows with every token, and its
+# throughput barely with the step's size.
 DEFAULT_BACKGROUND_STEP_TOKENS = {"cuda": 512, "cpu": 64}
+DEFAULT_QUIET_BACKGROUND_STEP_TOKENS = {"cuda": 8192, "cpu": 512}
+BACKGROUND_MAX_WAIT_S = 0.25  # background rows kept out of online steps this long at most
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -116,7 +122,7 @@ class InFlightBatch:
 class Scheduler:
     def __init__(self, engine: StepEngine, send: Callable[[Message], None], worker_name: str,
                  max_batch_tokens: int, max_batch_seqs: int, chunk_tracer: ChunkTracer | None = None,
-                 background_step_tokens: int = 0) -> None:
+                 background_step_tokens: int = 0, quiet_background_step_tokens: int = 0) -> None:
         self.engine = engine
         self.chunk_tracer = chunk_tracer  # None unless tracing is on
         self.tasks = tasks_for_kind(engine.info.model.kind)
@@ -127,7 +133,10 @@ class Scheduler:
         self.max_batch_seqs = max_batch_seqs
         device_type = str(engine.info.device).partition(":")[0]
         self.background_step_tokens = background_step_tokens or DEFAULT_BACKGROUND_STEP_TOKENS.get(device_type, 64)
+        self.quiet_background_step_tokens = (quiet_background_step_tokens
+                                             or DEFAULT_QUIET_BACKGROUND_STEP_TOKENS.get(device_type, 512))
         self.online_seen = float("-inf")  # when an online chunk last arrived or waited
+        self.background_moved = time.monotonic()  # when background rows last went into a step, or none waited
         model = engine.info.model
         type_vocab_size = int(model.config.get("type_vocab_size", 1) or 1) if model.uses_token_types else None
         self.limits = RaggedLimits(vocab_size=model.vocab_size, max_length=model.max_input_length,
@@ -180,10 +189,17 @@ class Scheduler:
         tokens = background_tokens = 0
         now = time.monotonic()
         online = [job for job in self.waiting if not job.background]
-        if any(not job.closed for job in online):
+        online_waits = any(not job.closed for job in online)
+        if online_waits:
             self.online_seen = now
-        recent = now - self.online_seen < ONLINE_RECENT_S
-        background_cap = self.background_step_tokens * (1 if recent else QUIET_BACKGROUND_FACTOR)
+        if not any(job.background and not job.closed for job in self.waiting):
+            self.background_moved = now
+        if online_waits and now - self.background_moved < BACKGROUND_MAX_WAIT_S:
+            background_cap = 0  # this step is online work's alone
+        elif now - self.online_seen < ONLINE_RECENT_S:
+            background_cap = self.background_step_tokens
+        else:
+            background_cap = self.quiet_background_step_tokens
         full = False
         token_rows: bool | None = None  # a step gives token rows or pooled rows, not both
         for job in itertools.chain(online, (job for job in self.waiting if job.background)):  # arrival order
@@ -202,7 +218,8 @@ class Scheduler:
                 if len(refs) >= self.max_batch_seqs or (refs and tokens + length > self.max_batch_tokens):
                     full = True
                     break
-                if background and background_tokens and background_tokens + length > background_cap:
+                if background and (not background_cap or
+                                   (background_tokens and background_tokens + length > background_cap)):
                     full = True  # only background rows are left, and their share of the step is taken
                     break
                 refs.append(SequenceRef(job, job.next_row))
@@ -222,6 +239,8 @@ class Scheduler:
         self.waiting_seqs = sum(job.chunk.num_seqs - job.next_row for job in self.waiting)
         if not refs:
             return None
+        if background_tokens:
+            self.background_moved = now
         return self._assemble(refs), refs
 
     @staticmethod

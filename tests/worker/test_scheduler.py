@@ -14,7 +14,7 @@ from quiver.common.model_info import default_model_dir
 from quiver.common.protocol import PRIORITY_BACKGROUND, Cancel, Chunk, Error, Message, Result
 from quiver.worker.engine import Batch, Engine, load_engine
 from quiver.worker.faults import FaultyEngine
-from quiver.worker.scheduler import ONLINE_RECENT_S, QUIET_BACKGROUND_FACTOR, Scheduler, StepEngine
+from quiver.worker.scheduler import BACKGROUND_MAX_WAIT_S, ONLINE_RECENT_S, Scheduler, StepEngine
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +138,11 @@ def test_the_loop_runs_everything_waiting_as_one_step_and_answers_each_chunk(eng
         assert results[chunk.chunk_id].inference_s >= 0 and results[chunk.chunk_id].queue_s >= 0
 
 
-def test_online_rows_go_first_and_background_rows_take_a_short_share_while_online_work_is_about(
+def test_online_steps_take_no_background_rows_and_background_steps_stay_short_while_online_work_is_about(
         engine: Engine) -> None:
     sent: list[Message] = []
     scheduler = Scheduler(engine, send=sent.append, worker_name="test", max_batch_tokens=200, max_batch_seqs=16,
-                          background_step_tokens=10)
+                          background_step_tokens=10, quiet_background_step_tokens=80)
     bulk = _chunk("bulk", [10] * 14, seed=1)
     bulk.priority = PRIORITY_BACKGROUND
     scheduler.accept(bulk)
@@ -155,14 +155,40 @@ def test_online_rows_go_first_and_background_rows_take_a_short_share_while_onlin
         scheduler.finish(scheduler.launch(*picked))
         return [(ref.job.chunk.chunk_id, ref.row) for ref in picked[1]]
 
-    assert step() == [("online", 0), ("online", 1), ("bulk", 0)]  # online first, though it came later
-    assert step() == [("bulk", 1)]  # online work was just here: background steps stay short
+    assert step() == [("online", 0), ("online", 1)]  # online first, though it came later, and alone
+    assert step() == [("bulk", 0)]  # online work was just here: background steps stay short
+    assert step() == [("bulk", 1)]
     assert step() == [("bulk", 2)]
-    assert step() == [("bulk", 3)]
     # ... until none has been seen for a while: then a larger share, not the whole budget
-    assert step(ONLINE_RECENT_S) == [("bulk", row) for row in range(4, 4 + QUIET_BACKGROUND_FACTOR)]
-    assert step(ONLINE_RECENT_S) == [("bulk", row) for row in range(4 + QUIET_BACKGROUND_FACTOR, 14)]
+    assert step(ONLINE_RECENT_S) == [("bulk", row) for row in range(3, 11)]  # 80 tokens
+    assert step(ONLINE_RECENT_S) == [("bulk", row) for row in range(11, 14)]
     answers = {m.chunk_id: m for m in sent if isinstance(m, Result)}
     assert set(answers) == {"online", "bulk"}
     for chunk in (bulk, _chunk("online", [10, 10], seed=2)):
         np.testing.assert_allclose(answers[chunk.chunk_id].values, _expected(engine, chunk), atol=1e-5)
+
+
+def test_background_rows_that_waited_too_long_join_an_online_step(engine: Engine) -> None:
+    """Online traffic that never pauses cannot starve a bulk job: after BACKGROUND_MAX_WAIT_S it gets its
+    short share of the next step beside the online rows."""
+    scheduler = Scheduler(engine, send=lambda message: None, worker_name="test", max_batch_tokens=200,
+                          max_batch_seqs=16, background_step_tokens=20)
+    bulk = _chunk("bulk", [10] * 4, seed=1)
+    bulk.priority = PRIORITY_BACKGROUND
+    scheduler.accept(bulk)
+    for n in range(3):
+        scheduler.accept(_chunk(f"online-{n}", [10], seed=n + 2))
+        picked = scheduler.next_batch()
+        assert picked is not None
+        assert [ref.job.chunk.chunk_id for ref in picked[1]] == [f"online-{n}"]
+        scheduler.finish(scheduler.launch(*picked))
+    scheduler.background_moved -= BACKGROUND_MAX_WAIT_S  # the bulk chunk has waited that long
+    scheduler.accept(_chunk("online-3", [10], seed=5))
+    picked = scheduler.next_batch()
+    assert picked is not None
+    assert [(ref.job.chunk.chunk_id, ref.row) for ref in picked[1]] == [("online-3", 0), ("bulk", 0), ("bulk", 1)]
+    scheduler.finish(scheduler.launch(*picked))
+    scheduler.accept(_chunk("online-4", [10], seed=6))
+    picked = scheduler.next_batch()
+    assert picked is not None
+    assert [ref.job.chunk.chunk_id for ref in picked[1]] == ["online-4"]  # it moved just now: back to waiting
