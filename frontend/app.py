@@ -78,6 +78,7 @@ def create_app(settings: FrontendSettings) -> Starlette:
         await client.close()
         for each in registry.services:
             each.tokenizer.pool.shutdown(wait=False, cancel_futures=True)
+            each.tokenizer.background_pool.shutdown(wait=False, cancel_futures=True)
         if tracer is not None:
             tracer.shutdown()
 

@@ -16,17 +16,17 @@ import numpy as np
 
 from quiver.common.config import FrontendSettings
 from quiver.common.model_info import KIND_CLASSIFIER, KIND_EMBEDDING, KIND_RERANKER, KIND_SPARSE, ModelInfo
-from quiver.common.protocol import TASK_CLASSIFY, TASK_EMBED, TASK_SCORE
+from quiver.common.protocol import PRIORITY_ONLINE, TASK_CLASSIFY, TASK_EMBED, TASK_SCORE
 from quiver.common.ragged import RaggedIds
 from quiver.frontend import metrics
-from quiver.frontend.admission import Admission
+from quiver.frontend.admission import CURRENT_TICKET, Admission
 from quiver.frontend.broker_client import BrokerClient
 from quiver.frontend.errors import APIError
-from quiver.frontend.pipeline import Pipeline, Timings
+from quiver.frontend.pipeline import CURRENT_PRIORITY, Pipeline, Timings
 from quiver.frontend.quantize import formats_for
 from quiver.frontend.scores import sigmoid, softmax
 from quiver.frontend.templates import DEFAULT_RERANK_INSTRUCTION, QWEN3_RERANKER, with_instruction
-from quiver.frontend.tokenization import TextInput, TextTokenizer
+from quiver.frontend.tokenization import ALONE, BACKGROUND, SHARED, LoopUse, TextInput, TextTokenizer
 
 
 @dataclass
@@ -120,10 +120,18 @@ class Service:
         self.model_name = self.model_names[0]
         # Named in every chunk, so that only this model's workers run it ('' : any worker).
         self.fingerprint = fingerprint
-        self.tokenizer = TextTokenizer(info, settings.tokenization_pool_threads)
         self.client = client
         self.admission = admission or Admission(settings.max_inflight_tokens)
+        self.tokenizer = TextTokenizer(info, settings.tokenization_pool_threads, self._loop_use)
         self.pipeline = Pipeline(client, settings, self.admission, fingerprint, self.model_name)
+
+    def _loop_use(self) -> LoopUse:
+        """Background work, or an online request that shares the event loop with others (they hold tokens in
+        flight beside its own, the batch runner's included), or one alone."""
+        if CURRENT_PRIORITY.get() != PRIORITY_ONLINE:
+            return BACKGROUND
+        ticket = CURRENT_TICKET.get()
+        return SHARED if self.admission.inflight > (ticket.tokens if ticket is not None else 0) else ALONE
 
     def check_model(self, model: str | None) -> None:
         """A server runs one model: any `model` is answered by it, as TEI does, and counted when it names

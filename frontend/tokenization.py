@@ -2,8 +2,12 @@
 
 Three copies of the model's tokenizer are kept (no truncation, truncation on the right, on the left)
 so that one request's choice never changes another's. Tokenization runs on a bounded thread pool,
-off the event loop (the tokenizers library releases the GIL and parallelises inside encode_batch);
-only inputs under THREAD_THRESHOLD_CHARS stay on the loop, where they cost less than the hand-off.
+off the event loop (the tokenizers library releases the GIL and parallelises inside encode_batch).
+Small work stays on the loop where the hand-off would cost more than it saves: always under
+ON_LOOP_CHARS, and under THREAD_THRESHOLD_CHARS when the loop has nothing else to do (a lone online
+request). A 512-token text takes about 0.5-1 ms to tokenize, a stretch in which the loop serves no one
+else, so with other requests in flight, or for background work (bulk jobs), it goes to a pool. Background
+work has a pool of its own, so that a batch job's lines never queue ahead of an online request's.
 
 Inputs come in three shapes: single texts (embedders, classifiers), pairs laid out by the tokenizer's
 own pair template with segment ids (cross-encoders: "[CLS] a [SEP] b [SEP]"), and prompts cut into a
@@ -16,7 +20,7 @@ import asyncio
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar, Union
+from typing import Callable, Literal, TypeVar, Union
 
 import numpy as np
 import orjson
@@ -27,9 +31,18 @@ from quiver.common.ragged import EMPTY_ROW, OUT_OF_VOCABULARY, TOO_LONG, RaggedE
 from quiver.frontend.errors import APIError
 from quiver.frontend.tracing import record_tokenization
 
-# Above this many characters in one call, tokenization leaves the event loop for the pool (a few
-# thousand characters tokenize in well under a millisecond, about the cost of the thread hand-off).
+# Above this many characters in one call, tokenization always leaves the event loop for the pool; under
+# ON_LOOP_CHARS (about 120 µs of tokenizing) it always stays on the loop, about the cost of the hand-off.
 THREAD_THRESHOLD_CHARS = 4096
+ON_LOOP_CHARS = 512
+BACKGROUND_POOL_THREADS = 2
+
+# Who the event loop serves when tokenization work comes: a lone online request, online requests beside
+# others, or background work.
+LoopUse = Literal["alone", "shared", "background"]
+ALONE: LoopUse = "alone"
+SHARED: LoopUse = "shared"
+BACKGROUND: LoopUse = "background"
 
 TextInput = Union[str, tuple[str, str]]
 T = TypeVar("T")
@@ -46,9 +59,11 @@ def _cut(ids: list[int], limit: int, direction: str) -> list[int]:
 
 
 class TextTokenizer:
-    def __init__(self, info: ModelInfo, pool_threads: int = 4) -> None:
+    def __init__(self, info: ModelInfo, pool_threads: int = 4, loop_use: Callable[[], LoopUse] = lambda: ALONE) -> None:
         self.info = info
         self.pool = ThreadPoolExecutor(max(1, pool_threads), thread_name_prefix="tokenize")
+        self.background_pool = ThreadPoolExecutor(BACKGROUND_POOL_THREADS, thread_name_prefix="tokenize-background")
+        self.loop_use = loop_use
         self.max_length = info.max_input_length
         serialized = Tokenizer.from_file(str(info.tokenizer_path)).to_str()
         self.plain = Tokenizer.from_str(serialized)
@@ -144,7 +159,7 @@ class TextTokenizer:
     async def ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> RaggedIds:
         """check_ids, on the pool when the request holds many ids."""
         return await self.off_loop(sum(len(seq) for seq in seqs),
-                                    lambda: self.check_ids(seqs, truncate, direction, param))
+                                    lambda: self.check_ids(seqs, truncate, direction, param), by_size_only=True)
 
     def check_ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> RaggedIds:
         """Token-id inputs, taken as they are (no special tokens added), checked whole, then truncated."""
@@ -172,11 +187,18 @@ class TextTokenizer:
                            f"{max_tokens} in one request", param="inputs")
         return orjson.dumps([_token_list(text, encoding) for text, encoding in zip(texts, encodings)])
 
-    async def off_loop(self, chars: int, work: Callable[[], T]) -> T:
-        """Run tokenization work on the pool unless it is too small to be worth the hand-off."""
+    async def off_loop(self, chars: int, work: Callable[[], T], by_size_only: bool = False) -> T:
+        """Run tokenization work on a pool unless it is too small to be worth the hand-off (see the module's
+        docstring for when that is). by_size_only: token ids, a fraction of a text's cost per item, leave the
+        loop above THREAD_THRESHOLD_CHARS ids only."""
         started = time.monotonic()
         try:
-            if chars > THREAD_THRESHOLD_CHARS:
+            if chars <= ON_LOOP_CHARS or (by_size_only and chars <= THREAD_THRESHOLD_CHARS):
+                return work()
+            use = self.loop_use()
+            if use == BACKGROUND:
+                return await asyncio.get_running_loop().run_in_executor(self.background_pool, work)
+            if use == SHARED or chars > THREAD_THRESHOLD_CHARS:
                 return await asyncio.get_running_loop().run_in_executor(self.pool, work)
             return work()
         finally:
