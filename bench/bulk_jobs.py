@@ -80,8 +80,20 @@ def embed_texts_per_s(url: str, corpus: Path, output: Path, count: int) -> tuple
     return count / float(total_s), count / float(embedding_s)
 
 
-async def online_latencies_ms(url: str, texts: list[str], clients: int, requests: int) -> list[float]:
-    """Latencies of `requests` single-text requests from `clients` clients, each sending one after another."""
+def summary(latencies: list[float]) -> dict[str, float]:
+    values = np.asarray(latencies)
+    return {"p50_ms": round(float(np.percentile(values, 50)), 2), "p99_ms": round(float(np.percentile(values, 99)), 2),
+            "mean_ms": round(float(values.mean()), 2), "requests": len(latencies)}
+
+
+STAGE_HEADERS = {"frontend": "x-total-time", "tokenization": "x-tokenization-time", "worker_queue": "x-queue-time",
+                 "step": "x-inference-time"}
+
+
+async def online_latencies_ms(url: str, texts: list[str], clients: int, requests: int,
+                              stages: dict[str, list[float]] | None = None) -> list[float]:
+    """Latencies of `requests` single-text requests from `clients` clients, each sending one after another.
+    With `stages`, each response's stage headers (frontend total, tokenization, worker queue, step) go there too."""
     latencies: list[float] = []
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
@@ -91,15 +103,28 @@ async def online_latencies_ms(url: str, texts: list[str], clients: int, requests
                 response = await client.post("/v1/embeddings", json={"input": texts[i % len(texts)]})
                 response.raise_for_status()
                 latencies.append((time.perf_counter() - started) * 1000)
+                if stages is not None:
+                    for stage, header in STAGE_HEADERS.items():
+                        stages.setdefault(stage, []).append(float(response.headers.get(header, "nan")))
 
         await asyncio.gather(*(one_client(k) for k in range(clients)))
     return latencies
 
 
-def summary(latencies: list[float]) -> dict[str, float]:
-    values = np.asarray(latencies)
-    return {"p50_ms": round(float(np.percentile(values, 50)), 2), "p99_ms": round(float(np.percentile(values, 99)), 2),
-            "mean_ms": round(float(values.mean()), 2), "requests": len(latencies)}
+def online_phase(url: str, texts: list[str], clients: int, requests: int) -> dict[str, Any]:
+    """One phase of online traffic: the client's p50/p99, and the same for each stage the server reports
+    (so that a slower phase shows where: the frontend's own time, tokenization, the worker's queue or the step)."""
+    stages: dict[str, list[float]] = {}
+    result: dict[str, Any] = summary(asyncio.run(online_latencies_ms(url, texts, clients, requests, stages)))
+    result["stages"] = {stage: summary(values) for stage, values in stages.items()}
+    return result
+
+
+def chunks_sent(url: str) -> float:
+    """The frontend's count of chunks sent to the broker (online and background alike)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("quiver_frontend_chunks_sent_total"))
 
 
 def start_batch(url: str, texts: list[str], count: int) -> str:
@@ -175,14 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     batch_texts = (corpus.texts(args.batch_length, distinct) if args.batch_length
                    else corpus.mixed_texts(distinct, 8, args.max_length, seed=1))
     asyncio.run(online_latencies_ms(args.url, online_texts, args.online_clients, 2 * args.online_clients))  # warm
-    results["online_idle"] = summary(asyncio.run(
-        online_latencies_ms(args.url, online_texts, args.online_clients, args.online_requests)))
+    results["online_idle"] = online_phase(args.url, online_texts, args.online_clients, args.online_requests)
     batch_id = start_batch(args.url, batch_texts, args.batch_lines)
     before = httpx.get(f"{args.url}/v1/batches/{batch_id}").json()["request_counts"]["completed"]
+    chunks_before = chunks_sent(args.url)
     started = time.perf_counter()
-    results["online_during_batch"] = summary(asyncio.run(
-        online_latencies_ms(args.url, online_texts, args.online_clients, args.online_requests)))
+    results["online_during_batch"] = online_phase(args.url, online_texts, args.online_clients, args.online_requests)
     seconds = time.perf_counter() - started
+    # Each online request is one chunk; the rest are the batch's (its lines are committed in parts of
+    # hundreds, too coarse to show progress over a few seconds).
+    results["batch_chunks_sent_during_measurement"] = int(chunks_sent(args.url) - chunks_before - args.online_requests)
     batch = httpx.get(f"{args.url}/v1/batches/{batch_id}").json()
     results["batch_still_running_at_end"] = batch["status"] == "in_progress"
     done = batch["request_counts"]["completed"] - before
