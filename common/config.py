@@ -110,6 +110,9 @@ class WorkerSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     quiet_background_step_tokens: int = option(0, "background tokens in one forward pass after 2 s without online "
                                                   "work: what the first online request then waits for at most "
                                                   "(0: 8192 on a GPU, 512 on a CPU)")
+    shared_step_tokens: int = option(0, "online tokens in one forward pass that holds rows of several chunks (one "
+                                        "chunk alone may fill --max-batch-tokens): shorter steps for many "
+                                        "concurrent small requests (0: 4096 on a GPU, no separate limit on a CPU)")
 
 
 @dataclass

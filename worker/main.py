@@ -103,7 +103,8 @@ def run_worker(settings: WorkerSettings) -> int:
                           worker_name=name, max_batch_tokens=info.max_batch_tokens,
                           max_batch_seqs=info.max_batch_seqs, chunk_tracer=tracer,
                           background_step_tokens=settings.background_step_tokens,
-                          quiet_background_step_tokens=settings.quiet_background_step_tokens)
+                          quiet_background_step_tokens=settings.quiet_background_step_tokens,
+                          shared_step_tokens=settings.shared_step_tokens)
     # The I/O thread's hand-off to the scheduler: SimpleQueue's put and get are one C-level lock each
     # (queue.Queue's take a condition variable and several Python-level locks), measured ~7 µs less per
     # hand-off on an idle pair of threads.

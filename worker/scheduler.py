@@ -5,6 +5,12 @@ budget and the sequence cap (a single sequence longer than the budget runs alone
 sequences left after a step goes to the back of the queue (round robin), so a request arriving while a
 long one is being worked through is held by at most one step of it, and the long one is never starved.
 
+A step's length is what a request arriving during it waits for. One chunk may fill a step up to the
+budget on its own (its rows need that time anyway), but online rows of several chunks share a step only
+up to `shared_step_tokens`: 16 clients each sending one 512-token text made steps of all 16 (8,192
+tokens, ~19 ms on an H200) and a p99 of 51-59 ms; at 4,096 tokens (~10 ms, 0.92 of the full step's
+throughput) the p99 was 34-39 ms and the p50 no worse (bench/RESULTS.md, 2026-12-02).
+
 Priority: a step with online rows takes no background rows (bulk jobs), so that an online request never
 shares its step with bulk work; background rows run in steps of their own, when no online row waits.
 While online work has been seen in the last ONLINE_RECENT_S, such a step takes at most
@@ -57,6 +63,9 @@ ONLINE_RECENT_S = 2.0  # background rows stay in short steps this long after onl
 # throughput barely with the step's size.
 DEFAULT_BACKGROUND_STEP_TOKENS = {"cuda": 512, "cpu": 64}
 DEFAULT_QUIET_BACKGROUND_STEP_TOKENS = {"cuda": 8192, "cpu": 512}
+# Online tokens of a step shared by several chunks, by device type (0: the whole budget, as on a CPU,
+# whose throughput barely depends on a step's size and whose steps a shorter cap would not shorten much).
+DEFAULT_SHARED_STEP_TOKENS = {"cuda": 4096, "cpu": 0}
 BACKGROUND_MAX_WAIT_S = 0.25  # background rows kept out of online steps this long at most
 
 
@@ -122,7 +131,8 @@ class InFlightBatch:
 class Scheduler:
     def __init__(self, engine: StepEngine, send: Callable[[Message], None], worker_name: str,
                  max_batch_tokens: int, max_batch_seqs: int, chunk_tracer: ChunkTracer | None = None,
-                 background_step_tokens: int = 0, quiet_background_step_tokens: int = 0) -> None:
+                 background_step_tokens: int = 0, quiet_background_step_tokens: int = 0,
+                 shared_step_tokens: int = 0) -> None:
         self.engine = engine
         self.chunk_tracer = chunk_tracer  # None unless tracing is on
         self.tasks = tasks_for_kind(engine.info.model.kind)
@@ -135,6 +145,8 @@ class Scheduler:
         self.background_step_tokens = background_step_tokens or DEFAULT_BACKGROUND_STEP_TOKENS.get(device_type, 64)
         self.quiet_background_step_tokens = (quiet_background_step_tokens
                                              or DEFAULT_QUIET_BACKGROUND_STEP_TOKENS.get(device_type, 512))
+        self.shared_step_tokens = (shared_step_tokens or DEFAULT_SHARED_STEP_TOKENS.get(device_type, 0)
+                                   or max_batch_tokens)
         self.online_seen = float("-inf")  # when an online chunk last arrived or waited
         self.background_moved = time.monotonic()  # when background rows last went into a step, or none waited
         model = engine.info.model
@@ -217,6 +229,9 @@ class Scheduler:
                 length = int(job.chunk.seq_lens[job.next_row])
                 if len(refs) >= self.max_batch_seqs or (refs and tokens + length > self.max_batch_tokens):
                     full = True
+                    break
+                if not background and refs and refs[0].job is not job and tokens + length > self.shared_step_tokens:
+                    full = True  # a step shared by several chunks' online rows stays short
                     break
                 if background and (not background_cap or
                                    (background_tokens and background_tokens + length > background_cap)):

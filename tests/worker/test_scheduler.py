@@ -192,3 +192,23 @@ def test_background_rows_that_waited_too_long_join_an_online_step(engine: Engine
     picked = scheduler.next_batch()
     assert picked is not None
     assert [ref.job.chunk.chunk_id for ref in picked[1]] == ["online-4"]  # it moved just now: back to waiting
+
+
+def test_a_step_shared_by_several_chunks_stays_within_the_shared_cap_while_one_chunk_may_fill_the_budget(
+        engine: Engine) -> None:
+    scheduler = Scheduler(engine, send=lambda message: None, worker_name="test", max_batch_tokens=200,
+                          max_batch_seqs=16, shared_step_tokens=30)
+    scheduler.accept(_chunk("large", [10] * 8, seed=1))
+    for n in range(5):
+        scheduler.accept(_chunk(f"small-{n}", [10], seed=n + 2))
+
+    def step() -> list[str]:
+        picked = scheduler.next_batch()
+        assert picked is not None
+        scheduler.finish(scheduler.launch(*picked))
+        return [ref.job.chunk.chunk_id for ref in picked[1]]
+
+    assert step() == ["large"] * 8  # one chunk alone: 80 tokens, within the budget of 200
+    assert step() == ["small-0", "small-1", "small-2"]  # several chunks: 30 tokens at most
+    assert step() == ["small-3", "small-4"]
+    assert scheduler.next_batch() is None
