@@ -4,8 +4,9 @@ Random weights of XLM-RoBERTa large (BGE-M3's encoder, bench/engine/checkpoints.
 sparse_linear / colbert_linear heads in BGE-M3's files. Measures, in one process on one device:
 - batch-1 latency (p50/p99, host clock around step() + wait() and, for the token rows, the frontend's
   cutting of them into dense, sparse and ColBERT outputs) at 128 and 4096 tokens, dense only
-  (pooled rows, CUDA graphs as served) against all three outputs (token rows, run eagerly);
-- throughput (inputs/s) at 100 x 512 tokens, both ways;
+  (pooled rows, CUDA graphs as served) against all three outputs (token rows, run eagerly) and against
+  the sparse output alone (the "lexical" task: each token row cut to its weight on the device);
+- throughput (inputs/s) at 100 x 512 tokens, the three ways;
 - contextual chunks: 25 documents of 16 chunks of 32 tokens, each document one 512-token sequence whose
   token rows are pooled per chunk, against 400 chunks embedded as plain 32-token sequences (on the same
   engine: its pooled path is the plain encoder's; its token rows carry one column more than a plain
@@ -52,9 +53,9 @@ def with_m3_heads(dense_dir: Path, root: Path, hidden: int) -> Path:
     return path
 
 
-def token_batch(sequences: list[np.ndarray]) -> Batch:
+def token_batch(sequences: list[np.ndarray], lexical_only: bool = False) -> Batch:
     return Batch(input_ids=np.concatenate(sequences), seq_lens=np.array([len(s) for s in sequences], dtype=np.int32),
-                 token_rows=True)
+                 token_rows=True, lexical_only=lexical_only)
 
 
 def m3_cut(rows: np.ndarray, batch: Batch, hidden: int) -> list[tuple[np.ndarray, Any, np.ndarray]]:
@@ -69,6 +70,15 @@ def m3_cut(rows: np.ndarray, batch: Batch, hidden: int) -> list[tuple[np.ndarray
                     np.ascontiguousarray(seq[1:, :hidden])))
         start += length
     return out
+
+
+def lexical_cut(rows: np.ndarray, batch: Batch) -> list[Any]:
+    """What the frontend does with the lexical task's rows: the weights per token id of each input."""
+    from quiver.frontend.token_outputs import lexical_weights
+
+    dropped = np.array([0, 1, 2, 3])
+    return [lexical_weights(batch.input_ids[a:b], rows[a:b, 0], dropped)
+            for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
 
 
 def timed(engine: Engine, batch: Batch, iters: int, cut: Any = None) -> list[float]:
@@ -140,11 +150,15 @@ def main() -> None:
         ids = random_ids(np.random.default_rng(length), length, vocab)
         results[f"latency_{length}_dense_ms"] = percentiles(timed(m3, one_batch([ids]), args.iters))
         results[f"latency_{length}_all_three_ms"] = percentiles(timed(m3, token_batch([ids]), args.iters, cut))
+        results[f"latency_{length}_sparse_only_ms"] = percentiles(
+            timed(m3, token_batch([ids], lexical_only=True), args.iters, lexical_cut))
     results["throughput_100x512_dense_per_s"] = round(engine_throughput(m3, 100, 512, 8192, vocab), 1)
     rng = np.random.default_rng(512)
     sequences = [random_ids(rng, 512, vocab) for _ in range(100)]
     batches = [token_batch(sequences[i:i + 16]) for i in range(0, 100, 16)]
     results["throughput_100x512_all_three_per_s"] = round(sequential_rate(m3, batches, 100, cut), 1)
+    lexical_batches = [token_batch(sequences[i:i + 16], lexical_only=True) for i in range(0, 100, 16)]
+    results["throughput_100x512_sparse_only_per_s"] = round(sequential_rate(m3, lexical_batches, 100, lexical_cut), 1)
 
     rng = np.random.default_rng(32)
     documents = [[random_ids(rng, 32, vocab) for _ in range(16)] for _ in range(25)]

@@ -34,7 +34,7 @@ from quiver.common.config import BrokerSettings
 from quiver.common.metrics import Children
 from quiver.common.protocol import (
     PROTOCOL_VERSION, Cancel, Disconnect, Error, ErrorCode, Heartbeat, Message, MsgType, ProtocolError, Ready,
-    Reconnect, Routed, TASK_TOKENS,
+    PER_TOKEN_TASKS, Reconnect, Routed, TASK_TOKENS,
 )
 from quiver.common.security import (
     FRONTEND_DOMAIN, WORKER_DOMAIN, SecurityError, check_exposure, cluster_secret, secret_matches, server_from,
@@ -436,11 +436,12 @@ class Broker:
 
 def _row_checks(header: dict[str, Any], chunk: PendingChunk, worker: WorkerState) -> list[tuple[str, Any, Any]]:
     """What a result's shape must be for its chunk: one row of the worker's output width per sequence,
-    or for a TASK_TOKENS chunk one row of its token width per token."""
-    if chunk.task != TASK_TOKENS:
+    or for a TASK_TOKENS chunk one row of its token width per token, for a TASK_LEXICAL one one number per
+    token."""
+    if chunk.task not in PER_TOKEN_TASKS:
         return [("token_rows", header.get("num_rows"), None), ("dim", header["dim"], worker.output_dim)]
     return [("sparse", header.get("nnz"), None), ("token_rows", header.get("num_rows"), chunk.num_tokens),
-            ("dim", header["dim"], worker.token_dim)]
+            ("dim", header["dim"], worker.token_dim if chunk.task == TASK_TOKENS else 1)]
 
 
 def _type_name(message: Message | Routed) -> str:

@@ -102,6 +102,11 @@ class ModelInfo:
         return (OUTPUT_DENSE, OUTPUT_SPARSE, OUTPUT_COLBERT) if self.m3_heads else (OUTPUT_DENSE,)
 
     @property
+    def tasks(self) -> list[str]:
+        """The chunk tasks this model runs: its kind's, and for BGE-M3 "lexical" (its weights alone)."""
+        return tasks_for_kind(self.kind) + (["lexical"] if self.m3_heads else [])
+
+    @property
     def token_dim(self) -> int:
         """Width of a token row (the "tokens" task): the final hidden state, or for BGE-M3 the ColBERT
         vector (the normalised dense vector in a sequence's first row) and then the lexical weight."""

@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from quiver.common.ragged import RaggedError, RaggedIds
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: the "lexical" task
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_ARRAY_BYTES = 256 * 1024 * 1024
@@ -78,7 +78,11 @@ TASK_CLASSIFY = "classify"
 # Every token's row instead of one pooled row per sequence (BGE-M3's sparse and ColBERT outputs, token
 # vectors, contextual chunks pooled by the frontend); the result's rows follow the chunk's tokens.
 TASK_TOKENS = "tokens"
-TASKS = (TASK_EMBED, TASK_SCORE, TASK_CLASSIFY, TASK_TOKENS)
+# BGE-M3's lexical weight alone: one row per token holding only the last column of its token row, so
+# that a sparse-only request moves one number per token instead of the ColBERT vector beside it.
+TASK_LEXICAL = "lexical"
+TASKS = (TASK_EMBED, TASK_SCORE, TASK_CLASSIFY, TASK_TOKENS, TASK_LEXICAL)
+PER_TOKEN_TASKS = frozenset({TASK_TOKENS, TASK_LEXICAL})  # answered with one row per token
 
 # A chunk's priority: online requests go before background (bulk) work at the broker and in each step.
 PRIORITY_ONLINE = 0
@@ -344,8 +348,8 @@ class Result(Message):
     frames: row_counts int32 [num_seqs] (non-zeros per row), indices int32 [nnz] (their columns,
     ascending within a row, each < dim) and values float32 [nnz]. Its dense form is [num_seqs, dim].
 
-    A token result (num_rows set: the answer to a TASK_TOKENS chunk) has one row per token of the chunk,
-    sequence after sequence: values [num_rows, dim], sequence i owning seq_lens[i] rows.
+    A token result (num_rows set: the answer to a TASK_TOKENS or TASK_LEXICAL chunk) has one row per token
+    of the chunk, sequence after sequence: values [num_rows, dim], sequence i owning seq_lens[i] rows.
     """
 
     TYPE: ClassVar[MsgType] = MsgType.RESULT

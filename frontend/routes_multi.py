@@ -68,7 +68,8 @@ async def openai_multi_embeddings(call: Call) -> Response:
     rows = await token_rows(service, req.input, route=call.spec.path, truncate=req.truncate,
                             direction=req.truncation_direction, prompt_name=req.prompt_name,
                             instruction=req.instruction, param="input",
-                            returns_vectors=OUTPUT_COLBERT in (req.outputs or ()))
+                            returns_vectors=OUTPUT_COLBERT in (req.outputs or ()),
+                            lexical_only=set(req.outputs or ()) == {OUTPUT_SPARSE})
     outputs = M3Outputs(service, rows)
     wanted = set(req.outputs or ())
     data: list[dict[str, Any]] = [{"object": "embedding", "index": i} for i in range(len(rows.rows))]

@@ -47,7 +47,7 @@ async def sparse_embed(service: Service, inputs: object, *, route: str, truncate
     if service.info.m3_heads:
         rows = await token_rows(service, inputs, route=route, truncate=truncate, direction=direction,
                                 prompt_name=prompt_name, instruction=instruction, param=param,
-                                returns_vectors=False)
+                                returns_vectors=False, lexical_only=True)
         return M3Outputs(service, rows).sparse, rows.num_tokens, rows.timings
     timings = Timings(started=time.monotonic())
     if service.info.kind != KIND_SPARSE:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from quiver.common.model_info import KIND_EMBEDDING, ModelInfo
-from quiver.common.protocol import TASK_TOKENS
+from quiver.common.protocol import TASK_LEXICAL, TASK_TOKENS
 from quiver.frontend import metrics
 from quiver.frontend.errors import APIError
 from quiver.frontend.pipeline import Timings
@@ -38,12 +38,14 @@ SPARSE_DROPPED_TOKENS = ("cls_token", "eos_token", "pad_token", "unk_token")
 
 @dataclass
 class TokenRows:
-    """Each input's token ids and rows, and the request's token count and timings."""
+    """Each input's token ids and rows, and the request's token count and timings; task: TASK_TOKENS (whole
+    rows) or TASK_LEXICAL (each row's lexical weight alone)."""
 
     ids: list[np.ndarray]
     rows: list[np.ndarray]
     num_tokens: int
     timings: Timings
+    task: str = TASK_TOKENS
 
 
 def record_request(route: str, seqs: RaggedIds, timings: Timings, model: str) -> None:
@@ -52,20 +54,23 @@ def record_request(route: str, seqs: RaggedIds, timings: Timings, model: str) ->
     record_stages(route, timings, model)
 
 
-async def run_token_rows(service: Service, seqs: RaggedIds, timings: Timings) -> np.ndarray:
-    """float32 [seqs.num_tokens, token_dim]: every token's row, in input order."""
-    results = await service.pipeline.run_results(seqs, TASK_TOKENS, False, timings)
+async def run_token_rows(service: Service, seqs: RaggedIds, timings: Timings, task: str = TASK_TOKENS) -> np.ndarray:
+    """float32 [seqs.num_tokens, token_dim] (TASK_TOKENS) or [seqs.num_tokens, 1] (TASK_LEXICAL): every
+    token's row, in input order."""
+    results = await service.pipeline.run_results(seqs, task, False, timings)
     rows = np.concatenate([result.values for result in results], axis=0)
-    if rows.shape != (seqs.num_tokens, service.info.token_dim):
+    width = service.info.token_dim if task == TASK_TOKENS else 1
+    if rows.shape != (seqs.num_tokens, width):
         raise APIError("internal", f"the workers answered token rows of shape {rows.shape}, "
-                       f"({seqs.num_tokens}, {service.info.token_dim}) was due")
+                       f"({seqs.num_tokens}, {width}) was due")
     return rows
 
 
 async def token_rows(service: Service, inputs: object, *, route: str, truncate: bool | None, direction: str,
                      prompt_name: str | None, instruction: str | None, param: str,
-                     returns_vectors: bool = True) -> TokenRows:
-    """Each input's token rows; returns_vectors: the answer holds a vector per token (bounded in size)."""
+                     returns_vectors: bool = True, lexical_only: bool = False) -> TokenRows:
+    """Each input's token rows; returns_vectors: the answer holds a vector per token (bounded in size);
+    lexical_only: only BGE-M3's lexical weights are wanted, so only they come back from the workers."""
     timings = Timings(started=time.monotonic())
     service.require_kind(KIND_EMBEDDING, route)
     seqs = await service.tokenize(inputs, truncate, direction, prompt_name, param, timings, instruction)
@@ -73,11 +78,11 @@ async def token_rows(service: Service, inputs: object, *, route: str, truncate: 
         raise APIError("response_too_large", f"the inputs hold {seqs.num_tokens} tokens; one answer carries token "
                        f"vectors of at most {MAX_TOKEN_VECTOR_VALUES // service.info.hidden_size} tokens for this "
                        "model", param=param)
-    rows = await run_token_rows(service, seqs, timings)
+    task = TASK_LEXICAL if lexical_only else TASK_TOKENS
+    rows = await run_token_rows(service, seqs, timings, task)
     record_request(route, seqs, timings, service.model_name)
     bounds = seqs.offsets[1:-1]  # each sequence's rows
-    return TokenRows(np.split(seqs.input_ids, bounds), np.split(rows, bounds),
-                     seqs.num_tokens, timings)
+    return TokenRows(np.split(seqs.input_ids, bounds), np.split(rows, bounds), seqs.num_tokens, timings, task)
 
 
 def sparse_dropped_ids(info: ModelInfo) -> np.ndarray:
@@ -117,7 +122,7 @@ def lexical_weights(ids: np.ndarray, weights: np.ndarray, dropped: np.ndarray) -
 
 class M3Outputs:
     """BGE-M3's three outputs of some inputs' token rows, each cut from the rows when first read: a
-    route asks for one or two of them."""
+    route asks for one or two of them. Rows of the lexical task give the sparse output only."""
 
     def __init__(self, service: Service, token_rows: TokenRows) -> None:
         self.info = service.info
@@ -126,18 +131,20 @@ class M3Outputs:
     @functools.cached_property
     def dense(self) -> np.ndarray:
         """float32 [num_inputs, hidden], normalised."""
+        assert self.token_rows.task == TASK_TOKENS, "lexical rows hold no dense vector"
         hidden = self.info.hidden_size
         rows = self.token_rows.rows
         return (np.stack([r[0, :hidden] for r in rows]) if rows else np.zeros((0, hidden))).astype(np.float32)
 
     @functools.cached_property
     def sparse(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per input: (token ids ascending, weights)."""
-        hidden, dropped = self.info.hidden_size, sparse_dropped_ids(self.info)
-        return [lexical_weights(ids, rows[:, hidden], dropped) for ids, rows in zip(self.token_rows.ids,
-                                                                                    self.token_rows.rows)]
+        """Per input: (token ids ascending, weights); the weight is a token row's last column."""
+        dropped = sparse_dropped_ids(self.info)
+        return [lexical_weights(ids, rows[:, -1], dropped) for ids, rows in zip(self.token_rows.ids,
+                                                                                self.token_rows.rows)]
 
     @functools.cached_property
     def colbert(self) -> list[np.ndarray]:
         """Per input: float32 [its tokens - 1, hidden], each row normalised."""
+        assert self.token_rows.task == TASK_TOKENS, "lexical rows hold no ColBERT vectors"
         return [np.ascontiguousarray(rows[1:, :self.info.hidden_size]) for rows in self.token_rows.rows]

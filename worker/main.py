@@ -20,7 +20,7 @@ from quiver.common import sdnotify
 from quiver.common.config import EXIT_USAGE, WorkerSettings
 from quiver.common.fingerprint import model_fingerprint
 from quiver.common.metrics import serve_metrics
-from quiver.common.model_info import EXIT_MODEL_ERROR, default_model_dir, tasks_for_kind
+from quiver.common.model_info import EXIT_MODEL_ERROR, default_model_dir
 from quiver.common.protocol import PROTOCOL_VERSION, Ready
 from quiver.common.security import SecurityError, cluster_secret
 from quiver.common.tracing import tracing_problem
@@ -92,7 +92,7 @@ def run_worker(settings: WorkerSettings) -> int:
         version=PROTOCOL_VERSION, name=name, model=info.model.name, device=info.device,
         capacity_tokens=QUEUED_STEPS * info.max_batch_tokens, output_dim=info.output_dim, secret=secret,
         fingerprint=model_fingerprint(model_dir),
-        tasks=tasks_for_kind(info.model.kind), pid=os.getpid(), token_dim=info.model.token_dim,
+        tasks=info.model.tasks, pid=os.getpid(), token_dim=info.model.token_dim,
     )
     ctx = zmq.Context()
     outbox_endpoint = f"inproc://worker-outbox-{os.getpid()}"

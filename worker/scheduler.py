@@ -43,8 +43,10 @@ from typing import Any, Callable, Protocol, Union, runtime_checkable
 
 import numpy as np
 
-from quiver.common.model_info import KIND_SPARSE, tasks_for_kind
-from quiver.common.protocol import PRIORITY_ONLINE, TASK_TOKENS, Cancel, Chunk, Error, ErrorCode, Message, Result
+from quiver.common.model_info import KIND_SPARSE
+from quiver.common.protocol import (
+    PER_TOKEN_TASKS, PRIORITY_ONLINE, TASK_LEXICAL, Cancel, Chunk, Error, ErrorCode, Message, Result,
+)
 from quiver.common.ragged import RaggedError, RaggedLimits
 from quiver.worker import metrics
 from quiver.worker.engine.batch import Batch
@@ -67,6 +69,11 @@ DEFAULT_QUIET_BACKGROUND_STEP_TOKENS = {"cuda": 8192, "cpu": 512}
 # whose throughput barely depends on a step's size and whose steps a shorter cap would not shorten much).
 DEFAULT_SHARED_STEP_TOKENS = {"cuda": 4096, "cpu": 0}
 BACKGROUND_MAX_WAIT_S = 0.25  # background rows kept out of online steps this long at most
+
+
+def _row_kind(task: str) -> str:
+    """What a step of this task's rows gives: pooled rows (""), or its kind of token rows."""
+    return task if task in PER_TOKEN_TASKS else ""
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -135,7 +142,7 @@ class Scheduler:
                  shared_step_tokens: int = 0) -> None:
         self.engine = engine
         self.chunk_tracer = chunk_tracer  # None unless tracing is on
-        self.tasks = tasks_for_kind(engine.info.model.kind)
+        self.tasks = engine.info.model.tasks
         self.sparse_results = engine.info.model.kind == KIND_SPARSE  # SPLADE rows travel as their non-zeros
         self.send = send
         self.worker_name = worker_name
@@ -213,12 +220,12 @@ class Scheduler:
         else:
             background_cap = self.quiet_background_step_tokens
         full = False
-        token_rows: bool | None = None  # a step gives token rows or pooled rows, not both
+        row_kind: str | None = None  # a step gives pooled rows or one kind of token rows, not a mix
         for job in itertools.chain(online, (job for job in self.waiting if job.background)):  # arrival order
             if full:
                 break
-            job_token_rows, background = job.chunk.task == TASK_TOKENS, job.background
-            if job.closed or (token_rows is not None and job_token_rows != token_rows):
+            job_row_kind, background = _row_kind(job.chunk.task), job.background
+            if job.closed or (row_kind is not None and job_row_kind != row_kind):
                 continue
             if job.deadline < now:
                 self._close(job)
@@ -238,7 +245,7 @@ class Scheduler:
                     full = True  # only background rows are left, and their share of the step is taken
                     break
                 refs.append(SequenceRef(job, job.next_row))
-                token_rows = job_token_rows
+                row_kind = job_row_kind
                 tokens += length
                 background_tokens += length if background else 0
                 job.next_row += 1
@@ -262,7 +269,8 @@ class Scheduler:
     def _assemble(refs: list[SequenceRef]) -> Batch:
         return Batch.gather([(ref.job.chunk.ids, ref.row) for ref in refs],
                             normalize=np.fromiter((ref.job.chunk.normalize for ref in refs), dtype=bool, count=len(refs)),
-                            token_rows=refs[0].job.chunk.task == TASK_TOKENS)
+                            token_rows=refs[0].job.chunk.task in PER_TOKEN_TASKS,
+                            lexical_only=refs[0].job.chunk.task == TASK_LEXICAL)
 
     # results -----------------------------------------------------------------------------------
     def launch(self, batch: Batch, refs: list[SequenceRef]) -> InFlightBatch:
@@ -298,7 +306,7 @@ class Scheduler:
                 self._answer(job)
 
     def _scatter(self, rows: np.ndarray, flight: InFlightBatch) -> None:
-        if flight.refs and flight.refs[0].job.chunk.task == TASK_TOKENS:
+        if flight.refs and flight.refs[0].job.chunk.task in PER_TOKEN_TASKS:
             self._scatter_tokens(rows, flight)
             return
         for i, ref in enumerate(flight.refs):
@@ -358,7 +366,7 @@ class Scheduler:
         result = Result(chunk_id=job.chunk.chunk_id, num_seqs=job.chunk.num_seqs, dim=job.values.shape[1],
                         queue_s=job.started - job.received, inference_s=job.inference_s,
                         worker=self.worker_name, values=job.values,
-                        num_rows=job.chunk.num_tokens if job.chunk.task == TASK_TOKENS else None)
+                        num_rows=job.chunk.num_tokens if job.chunk.task in PER_TOKEN_TASKS else None)
         self.send(result.to_sparse() if self.sparse_results and result.num_rows is None else result)
         metrics.CHUNKS.labels("ok").inc()
         self._trace(job)

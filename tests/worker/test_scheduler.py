@@ -212,3 +212,13 @@ def test_a_step_shared_by_several_chunks_stays_within_the_shared_cap_while_one_c
     assert step() == ["small-0", "small-1", "small-2"]  # several chunks: 30 tokens at most
     assert step() == ["small-3", "small-4"]
     assert scheduler.next_batch() is None
+
+
+def test_a_lexical_chunk_is_refused_by_a_model_without_bge_m3_heads(engine: Engine) -> None:
+    sent: list[Message] = []
+    scheduler = Scheduler(engine, send=sent.append, worker_name="test", max_batch_tokens=200, max_batch_seqs=16)
+    chunk = _chunk("lexical", [10])
+    chunk.task = "lexical"
+    scheduler.accept(chunk)
+    assert scheduler.next_batch() is None
+    assert [(type(m).__name__, m.code) for m in sent if isinstance(m, Error)] == [("Error", "bad_input")]

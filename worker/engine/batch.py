@@ -16,7 +16,9 @@ class Batch(RaggedIds):
 
     normalize:  bool [num_seqs] or None; rows marked True are L2-normalised after pooling.
     token_rows: one result row per token (the model's forward_tokens) instead of one per sequence.
+    lexical_only: with token_rows, each row's last column only (BGE-M3's lexical weight).
     """
 
     normalize: np.ndarray | None = None
     token_rows: bool = False
+    lexical_only: bool = False

@@ -217,11 +217,17 @@ class Engine:
                 with torch.cuda.stream(self.stream):
                     uploaded = self.upload(batch, shape)
                     rows = self.model.forward_tokens(uploaded, self._attention(shape, uploaded))
-                    return rows[: batch.num_tokens].cpu().numpy()
+                    return self._token_columns(rows[: batch.num_tokens], batch).cpu().numpy()
             packed = np.empty(packed_size(shape.num_seqs, shape.num_tokens), dtype=np.int32)
             pack_batch(batch, shape, packed, self.model.uses_token_types)
             tensors = unpack(torch.from_numpy(packed).to(self.device), shape)
-            return self.model.forward_tokens(tensors, self._attention(shape, tensors))[: batch.num_tokens].cpu().numpy()
+            rows = self.model.forward_tokens(tensors, self._attention(shape, tensors))
+            return self._token_columns(rows[: batch.num_tokens], batch).cpu().numpy()
+
+    @staticmethod
+    def _token_columns(rows: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """The columns the batch asks for, cut on the device so that only they are copied to the host."""
+        return rows[:, -1:] if batch.lexical_only else rows
 
     def _check_shapes(self, batch: Batch) -> None:
         """Shapes and sizes only: the ids' contents were validated where they entered the worker (the
