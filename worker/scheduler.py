@@ -91,7 +91,7 @@ class StepResult(Protocol):
 
 @runtime_checkable
 class StepEngine(Protocol):
-    """The engine as the scheduler uses it: info.model (a ModelInfo: kind, vocabulary, length limit, token types),
+    """The engine as the scheduler uses it: info.model (a ModelInfo: kind, tasks, vocabulary, length limit, token types),
     info.output_dim, info.device (its type sizes background steps), and step(), which launches one batch and
     returns at once on a GPU."""
 

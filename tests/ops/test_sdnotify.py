@@ -91,7 +91,8 @@ class BlockingEngine:
     """A stand-in engine whose step waits while `hold` is clear: a hung GPU on demand."""
 
     def __init__(self) -> None:
-        model = types.SimpleNamespace(kind="embedding", vocab_size=100, max_input_length=64, uses_token_types=False)
+        model = types.SimpleNamespace(kind="embedding", tasks=["embed", "tokens"], vocab_size=100, max_input_length=64,
+                                      uses_token_types=False)
         self.info = types.SimpleNamespace(model=model, output_dim=4, device="cpu")
         self.hold = threading.Event()
         self.hold.set()
