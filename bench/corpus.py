@@ -86,6 +86,14 @@ def special_affixes(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
     raise ValueError("the tokenizer's special tokens do not wrap a text; cannot cut exact lengths")
 
 
+def mixed_lengths(count: int, min_length: int, max_length: int, seed: int = 0) -> list[int]:
+    """`count` lengths drawn log-uniformly from [min_length, max_length] tokens: many short texts and a
+    long tail, as a document collection has."""
+    rng = random.Random(seed)
+    low, high = math.log(min_length), math.log(max_length)
+    return [round(math.exp(rng.uniform(low, high))) for _ in range(count)]
+
+
 class TokenCorpus:
     """The standard library's text as one long token stream, cut into inputs of chosen lengths.
 
@@ -166,10 +174,5 @@ class TokenCorpus:
         return [self.text(length) for _ in range(count)]
 
     def mixed_texts(self, count: int, min_length: int, max_length: int, seed: int = 0) -> list[str]:
-        """`count` texts with lengths drawn log-uniformly from [min_length, max_length] tokens.
-
-        Log-uniform gives many short texts and a long tail, as a document collection has.
-        """
-        rng = random.Random(seed)
-        low, high = math.log(min_length), math.log(max_length)
-        return [self.text(round(math.exp(rng.uniform(low, high)))) for _ in range(count)]
+        """`count` texts of mixed_lengths(...) tokens."""
+        return [self.text(length) for length in mixed_lengths(count, min_length, max_length, seed)]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -22,31 +21,19 @@ from pathlib import Path
 
 import numpy as np
 
+from quiver.bench.corpus import mixed_lengths
+from quiver.frontend.pipeline import split_ranges
 from quiver.worker.engine import Batch, Engine, load_engine
 
 
-def mixed_lengths(count: int, low: int, high: int, seed: int = 0) -> list[int]:
-    rng = np.random.default_rng(seed)
-    return [round(math.exp(x)) for x in rng.uniform(math.log(low), math.log(high), size=count)]
-
-
-def steps_for(lengths: list[int], cap: int, vocab: int) -> list[Batch]:
-    """The lengths cut into steps of at most `cap` tokens, in order (one longer sequence alone)."""
+def steps_for(lengths: list[int], cap: int, vocab: int, max_seqs: int = 1 << 30) -> list[Batch]:
+    """The lengths cut into steps of at most `cap` tokens and `max_seqs` sequences, in order (one longer
+    sequence alone)."""
     rng = np.random.default_rng(cap)
-    steps: list[list[int]] = []
-    current: list[int] = []
-    tokens = 0
-    for length in lengths:
-        if current and tokens + length > cap:
-            steps.append(current)
-            current, tokens = [], 0
-        current.append(length)
-        tokens += length
-    if current:
-        steps.append(current)
-    return [Batch(input_ids=rng.integers(10, vocab - 1, size=sum(step), dtype=np.int32),
-                  seq_lens=np.asarray(step, dtype=np.int32), normalize=np.ones(len(step), dtype=bool))
-            for step in steps]
+    seq_lens = np.asarray(lengths, dtype=np.int32)
+    return [Batch(input_ids=rng.integers(10, vocab - 1, size=int(seq_lens[a:b].sum()), dtype=np.int32),
+                  seq_lens=seq_lens[a:b], normalize=np.ones(b - a, dtype=bool))
+            for a, b in split_ranges(seq_lens, cap, max_seqs)]
 
 
 def run_steps(engine: Engine, batches: list[Batch]) -> tuple[float, list[float]]:
@@ -74,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = engine.info.model.vocab_size
     longest = min(512, engine.info.model.max_input_length)
     lengths = mixed_lengths(args.texts, 8, longest)
-    work = {cap: steps_for(lengths, cap, vocab) for cap in caps}
+    work = {cap: steps_for(lengths, cap, vocab, engine.info.max_batch_seqs) for cap in caps}
     for cap in caps:  # first sight of each shape (graphs were captured at load; eager kernels warm here)
         run_steps(engine, work[cap][:20])
     seconds: dict[int, list[float]] = {cap: [] for cap in caps}

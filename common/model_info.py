@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quiver.common.protocol import TASK_LEXICAL
+
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 ENCODER_TYPES = {"bert", "roberta", "xlm-roberta"}
@@ -104,7 +106,7 @@ class ModelInfo:
     @property
     def tasks(self) -> list[str]:
         """The chunk tasks this model runs: its kind's, and for BGE-M3 "lexical" (its weights alone)."""
-        return tasks_for_kind(self.kind) + (["lexical"] if self.m3_heads else [])
+        return tasks_for_kind(self.kind) + ([TASK_LEXICAL] if self.m3_heads else [])
 
     @property
     def token_dim(self) -> int:

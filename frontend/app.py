@@ -77,8 +77,7 @@ def create_app(settings: FrontendSettings) -> Starlette:
             await extension.stop()
         await client.close()
         for each in registry.services:
-            each.tokenizer.pool.shutdown(wait=False, cancel_futures=True)
-            each.tokenizer.background_pool.shutdown(wait=False, cancel_futures=True)
+            each.tokenizer.close()
         if tracer is not None:
             tracer.shutdown()
 

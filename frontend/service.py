@@ -26,7 +26,7 @@ from quiver.frontend.pipeline import CURRENT_PRIORITY, Pipeline, Timings
 from quiver.frontend.quantize import formats_for
 from quiver.frontend.scores import sigmoid, softmax
 from quiver.frontend.templates import DEFAULT_RERANK_INSTRUCTION, QWEN3_RERANKER, with_instruction
-from quiver.frontend.tokenization import ALONE, BACKGROUND, SHARED, LoopUse, TextInput, TextTokenizer
+from quiver.frontend.tokenization import LoopUse, TextInput, TextTokenizer, loop_use
 
 
 @dataclass
@@ -126,12 +126,10 @@ class Service:
         self.pipeline = Pipeline(client, settings, self.admission, fingerprint, self.model_name)
 
     def _loop_use(self) -> LoopUse:
-        """Background work, or an online request that shares the event loop with others (they hold tokens in
-        flight beside its own, the batch runner's included), or one alone."""
-        if CURRENT_PRIORITY.get() != PRIORITY_ONLINE:
-            return BACKGROUND
+        """loop_use for the current task: its priority, and its request's share of the in-flight tokens."""
         ticket = CURRENT_TICKET.get()
-        return SHARED if self.admission.inflight > (ticket.tokens if ticket is not None else 0) else ALONE
+        return loop_use(CURRENT_PRIORITY.get() != PRIORITY_ONLINE, self.admission.inflight,
+                        ticket.tokens if ticket is not None else 0)
 
     def check_model(self, model: str | None) -> None:
         """A server runs one model: any `model` is answered by it, as TEI does, and counted when it names

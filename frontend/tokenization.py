@@ -44,6 +44,14 @@ ALONE: LoopUse = "alone"
 SHARED: LoopUse = "shared"
 BACKGROUND: LoopUse = "background"
 
+
+def loop_use(background: bool, inflight_tokens: int, own_tokens: int) -> LoopUse:
+    """Background work; or an online request that shares the event loop with others (tokens are in flight
+    beside its own, a batch runner's included); or one alone."""
+    if background:
+        return BACKGROUND
+    return SHARED if inflight_tokens > own_tokens else ALONE
+
 TextInput = Union[str, tuple[str, str]]
 T = TypeVar("T")
 
@@ -77,6 +85,11 @@ class TextTokenizer:
             self.truncating[direction] = tok
         self._fixed: dict[str, list[int]] = {}
         self.limits = RaggedLimits(vocab_size=info.vocab_size, max_length=self.max_length)
+
+    def close(self) -> None:
+        """Stop both pools, dropping work not yet started."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.background_pool.shutdown(wait=False, cancel_futures=True)
 
     @functools.cached_property
     def wrapper_ids(self) -> tuple[list[int], list[int]]:

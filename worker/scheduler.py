@@ -71,11 +71,6 @@ DEFAULT_SHARED_STEP_TOKENS = {"cuda": 4096, "cpu": 0}
 BACKGROUND_MAX_WAIT_S = 0.25  # background rows kept out of online steps this long at most
 
 
-def _row_kind(task: str) -> str:
-    """What a step of this task's rows gives: pooled rows (""), or its kind of token rows."""
-    return task if task in PER_TOKEN_TASKS else ""
-
-
 def is_out_of_memory(exc: BaseException) -> bool:
     """torch.cuda.OutOfMemoryError (or an injected stand-in), recognised without importing torch."""
     return "OutOfMemoryError" in type(exc).__name__ or "out of memory" in str(exc).lower()
@@ -116,6 +111,11 @@ class ChunkJob:
     @property
     def background(self) -> bool:
         return self.chunk.priority != PRIORITY_ONLINE
+
+    @property
+    def row_kind(self) -> str:
+        """What a step of this chunk's rows gives: pooled rows (""), or its task's kind of token rows."""
+        return self.chunk.task if self.chunk.task in PER_TOKEN_TASKS else ""
 
 
 @dataclass(eq=False)
@@ -224,7 +224,7 @@ class Scheduler:
         for job in itertools.chain(online, (job for job in self.waiting if job.background)):  # arrival order
             if full:
                 break
-            job_row_kind, background = _row_kind(job.chunk.task), job.background
+            job_row_kind, background = job.row_kind, job.background
             if job.closed or (row_kind is not None and job_row_kind != row_kind):
                 continue
             if job.deadline < now:
@@ -269,8 +269,7 @@ class Scheduler:
     def _assemble(refs: list[SequenceRef]) -> Batch:
         return Batch.gather([(ref.job.chunk.ids, ref.row) for ref in refs],
                             normalize=np.fromiter((ref.job.chunk.normalize for ref in refs), dtype=bool, count=len(refs)),
-                            token_rows=refs[0].job.chunk.task in PER_TOKEN_TASKS,
-                            lexical_only=refs[0].job.chunk.task == TASK_LEXICAL)
+                            token_rows=bool(refs[0].job.row_kind), lexical_only=refs[0].job.row_kind == TASK_LEXICAL)
 
     # results -----------------------------------------------------------------------------------
     def launch(self, batch: Batch, refs: list[SequenceRef]) -> InFlightBatch:
@@ -306,7 +305,7 @@ class Scheduler:
                 self._answer(job)
 
     def _scatter(self, rows: np.ndarray, flight: InFlightBatch) -> None:
-        if flight.refs and flight.refs[0].job.chunk.task in PER_TOKEN_TASKS:
+        if flight.refs and flight.refs[0].job.row_kind:
             self._scatter_tokens(rows, flight)
             return
         for i, ref in enumerate(flight.refs):
@@ -366,7 +365,7 @@ class Scheduler:
         result = Result(chunk_id=job.chunk.chunk_id, num_seqs=job.chunk.num_seqs, dim=job.values.shape[1],
                         queue_s=job.started - job.received, inference_s=job.inference_s,
                         worker=self.worker_name, values=job.values,
-                        num_rows=job.chunk.num_tokens if job.chunk.task in PER_TOKEN_TASKS else None)
+                        num_rows=job.chunk.num_tokens if job.row_kind else None)
         self.send(result.to_sparse() if self.sparse_results and result.num_rows is None else result)
         metrics.CHUNKS.labels("ok").inc()
         self._trace(job)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from quiver.bench.step_size import main, mixed_lengths, steps_for
+from quiver.bench.corpus import mixed_lengths
+from quiver.bench.step_size import main, steps_for
 from quiver.common.model_info import default_model_dir
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from quiver.common.model_info import default_model_dir, load_model_info
 from quiver.frontend.tokenization import (
-    ALONE, BACKGROUND, ON_LOOP_CHARS, SHARED, THREAD_THRESHOLD_CHARS, LoopUse, TextTokenizer,
+    ALONE, BACKGROUND, ON_LOOP_CHARS, SHARED, THREAD_THRESHOLD_CHARS, LoopUse, TextTokenizer, loop_use,
 )
 
 WORDS = "the quick brown fox jumps over the lazy dog while search stacks rebuild their indexes "
@@ -78,3 +78,14 @@ def test_token_ids_leave_the_loop_by_size_only(tokenizer_and_use: tuple[TextToke
 
     assert asyncio.run(run(2000)) == loop_thread[-1]
     assert asyncio.run(run(THREAD_THRESHOLD_CHARS + 10)).startswith("tokenize_")
+
+
+@pytest.mark.parametrize(("background", "inflight", "own", "use"), [
+    (False, 300, 300, ALONE),  # only this request's own tokens are in flight
+    (False, 0, 0, ALONE),  # no reservation at all (no ticket)
+    (False, 301, 300, SHARED),  # someone else holds tokens too (another request, a batch job)
+    (True, 0, 0, BACKGROUND),  # bulk work, whatever else is in flight
+    (True, 900, 300, BACKGROUND),
+])
+def test_who_the_loop_serves(background: bool, inflight: int, own: int, use: LoopUse) -> None:
+    assert loop_use(background, inflight, own) == use
