@@ -115,12 +115,15 @@ def timelines(trace_dir: Path, requests: list[tuple[int, int, int]]) -> dict[int
             events.append((int(ns), pid, thread, what))
     events.sort()
     roles = _roles(events)
+    # A worker whose broker socket has a thread of its own (worker/link.py) sends a result twice: the
+    # scheduler's push into the outbox, then that thread's send to the broker; only the second counts.
+    threaded = {pid for _, pid, thread, _ in events if thread == "broker-link"}
     times = np.array([event[0] for event in events], dtype=np.int64)
     out: dict[int, list[list[int]]] = collections.defaultdict(list)
     for started, ended, length in requests:
         got = {"C.start": started, "C.end": ended}
         for ns, pid, thread, what in events[np.searchsorted(times, started):np.searchsorted(times, ended, "right")]:
-            if roles.get(pid) == "W" and what == "send3" and thread != "broker-link":
+            if pid in threaded and what == "send3" and thread != "broker-link":
                 continue  # the scheduler's push into the worker's outbox, not the send to the broker
             name = BOUNDARIES.get((roles.get(pid, ""), what))
             if name is not None and name not in got:

@@ -97,6 +97,9 @@ class WorkerSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
                                       "larger ones run eagerly (0: the engine's default, 8192)")
     watchdog_s: float = option(30.0, "a forward pass stuck this long makes the worker leave and exit (0: never)")
     busy_poll_us: int = option(0, "after a message, poll without sleeping for this long (lower latency, more CPU)")
+    link_thread: str = option("auto", "the broker socket gets a thread of its own: on, off (the scheduler's thread "
+                                      "polls it), or auto (off on a GPU, on on a CPU)",
+                              choices=("auto", "on", "off"))
     cluster_secret_file: str = option("", "file holding the broker's cluster secret (or set QUIVER_CLUSTER_SECRET)")
     metrics_port: int = option(0, "port of the worker's Prometheus /metrics (0: none)")
     model_name: str = option("", "the model's name in metrics, as the frontends serve it (default: the checkpoint's)")
@@ -266,6 +269,9 @@ def add_arguments(parser: argparse.ArgumentParser, settings_type: type, exclude:
                 from_env = parse_value(kind, os.environ[env])
             except ValueError as exc:
                 parser.error(f"environment variable {env}={os.environ[env]!r}: {exc}")
+            if "choices" in f.metadata and from_env not in f.metadata["choices"]:
+                parser.error(f"environment variable {env}={os.environ[env]!r}: "
+                             f"choose from {', '.join(f.metadata['choices'])}")
         shown = "(set)" if is_secret(f) and from_env else (from_env if from_env is not None else f.default)
         preset = (presets or {}).get(f.name)
         preset_note = f"; {preset_flag} {preset!r}" if preset is not None else ""
@@ -275,7 +281,7 @@ def add_arguments(parser: argparse.ArgumentParser, settings_type: type, exclude:
                                 help=help_text)
         else:
             parser.add_argument(flag_name(f.name), default=from_env, type=_converter(kind), help=help_text,
-                                metavar=f.name.upper())
+                                metavar=f.name.upper(), choices=f.metadata.get("choices"))
 
 
 def from_namespace(settings_type: type[Settings], namespace: argparse.Namespace,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import signal
 import threading
 
@@ -24,11 +23,10 @@ from quiver.common.model_info import EXIT_MODEL_ERROR, default_model_dir
 from quiver.common.protocol import PROTOCOL_VERSION, Ready
 from quiver.common.security import SecurityError, cluster_secret
 from quiver.common.tracing import tracing_problem
-from quiver.common.transport import make_socket, send
 from quiver.worker import metrics
 from quiver.worker.faults import with_injected_faults
 from quiver.worker.host_memory import limit_arenas
-from quiver.worker.link import BrokerLink
+from quiver.worker.link import open_link
 from quiver.worker.scheduler import Scheduler
 from quiver.worker.tracing import chunk_tracer
 
@@ -95,22 +93,15 @@ def run_worker(settings: WorkerSettings) -> int:
         tasks=info.model.tasks, pid=os.getpid(), token_dim=info.model.token_dim,
     )
     ctx = zmq.Context()
-    outbox_endpoint = f"inproc://worker-outbox-{os.getpid()}"
-    outbox = make_socket(ctx, zmq.PUSH)
-    outbox.connect(outbox_endpoint)
+    link = open_link(ctx, settings, ready)
     tracer = chunk_tracer(settings.otlp_endpoint, settings.otlp_service_name, name)
-    scheduler = Scheduler(with_injected_faults(engine), send=lambda message: send(outbox, message),
+    scheduler = Scheduler(with_injected_faults(engine), send=link.send,
                           worker_name=name, max_batch_tokens=info.max_batch_tokens,
                           max_batch_seqs=info.max_batch_seqs, chunk_tracer=tracer,
                           background_step_tokens=settings.background_step_tokens,
                           quiet_background_step_tokens=settings.quiet_background_step_tokens,
                           shared_step_tokens=settings.shared_step_tokens)
-    # The I/O thread's hand-off to the scheduler: SimpleQueue's put and get are one C-level lock each
-    # (queue.Queue's take a condition variable and several Python-level locks), measured ~7 µs less per
-    # hand-off on an idle pair of threads.
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
-    link = BrokerLink(ctx, settings, ready, inbox, outbox_endpoint, stalled_for=scheduler.stalled_for)
-    link.start()
+    link.start(stalled_for=scheduler.stalled_for)
 
     stop = threading.Event()
     drain = threading.Event()
@@ -122,7 +113,7 @@ def run_worker(settings: WorkerSettings) -> int:
             return
         log.info("%s: draining", signal.Signals(signum).name)
         sdnotify.stopping(f"draining {len(scheduler.jobs)} chunks")
-        link.draining = True
+        link.drain()
         drain.set()
 
     signal.signal(signal.SIGTERM, start_drain)
@@ -132,10 +123,8 @@ def run_worker(settings: WorkerSettings) -> int:
     # its watchdog from every scheduler-loop iteration from now on, so a hung worker is restarted.
     metrics.loop_tick.watchdog = sdnotify.Watchdog.from_environment()
     sdnotify.ready(f"serving {info.model.name} on {info.device}")
-    scheduler.run(inbox, stop, drain)
-    link.stop()
-    link.join(timeout=5)
-    outbox.close()
+    scheduler.run(link.inbox, stop, drain)
+    link.close()
     ctx.term()
     if tracer is not None:
         tracer.shutdown()

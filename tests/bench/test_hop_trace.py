@@ -4,17 +4,24 @@ each of its processes; checked for a whole timeline per request, not for speed."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from quiver.bench.hop_trace import ORDER
 
 
-def test_hop_trace_quick_lines_up_every_segment_of_a_request(tmp_path: Path) -> None:
+# Both arrangements of the worker's broker link (worker/link.py): a result leaves from the link's thread
+# after the scheduler's push into the outbox, or straight from the scheduler's thread.
+@pytest.mark.parametrize("link_thread", ["on", "off"], ids=["threaded-link", "inline-link"])
+def test_hop_trace_quick_lines_up_every_segment_of_a_request(tmp_path: Path, link_thread: str) -> None:
     out = tmp_path / "hops.json"
     done = subprocess.run([sys.executable, "-m", "quiver.bench.hop_trace", "--quick", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, QUIVER_LINK_THREAD=link_thread))
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(out.read_text())["32"]
     assert [(row["from"], row["to"]) for row in rows[:-1]] == list(zip(ORDER, ORDER[1:]))

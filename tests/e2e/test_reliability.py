@@ -28,6 +28,18 @@ def workload(st_model):
     return texts, reference, token_ids
 
 
+# The faults that the worker's link to the broker must survive run with both of its arrangements
+# (worker/link.py): its own thread (a CPU worker's default) and polled from the scheduler's thread (a GPU
+# worker's). A CPU forward pass holds the inline link's heartbeats for its length, so that arrangement
+# runs here with the default 1-s heartbeats rather than the suite's quicker 0.25 s.
+LINKS = pytest.mark.parametrize("link_thread", ["on", "off"], ids=["threaded-link", "inline-link"])
+
+
+def link_cluster(link_thread: str, workers: int, **options) -> Cluster:
+    return Cluster(workers=workers, worker_args=["--link-thread", link_thread, *options.pop("worker_args", [])],
+                   heartbeat_interval_s=0.25 if link_thread == "on" else 1.0, **options)
+
+
 def load_on(cluster: Cluster, workload, clients: int = 3, timeout_s: float = 60.0) -> MixedLoad:
     texts, reference, token_ids = workload
     return MixedLoad(cluster.url, texts, reference, token_ids, clients=clients, timeout_s=timeout_s)
@@ -49,8 +61,9 @@ def metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
     return total
 
 
-def test_kill_9_one_of_two_workers_under_load(workload):
-    with Cluster(workers=2) as cluster:
+@LINKS
+def test_kill_9_one_of_two_workers_under_load(workload, link_thread):
+    with link_cluster(link_thread, 2) as cluster:
         load = load_on(cluster, workload).start()
         time.sleep(8)
         cluster.worker_procs[1].signal(signal.SIGKILL)
@@ -60,8 +73,9 @@ def test_kill_9_one_of_two_workers_under_load(workload):
         assert cluster.health().json()["live_workers"] == 1
 
 
-def test_broker_restart(workload):
-    cluster = Cluster(workers=2, frontend_args=["--request-timeout-s", "10"])
+@LINKS
+def test_broker_restart(workload, link_thread):
+    cluster = link_cluster(link_thread, 2, frontend_args=["--request-timeout-s", "10"])
     with cluster:
         load = load_on(cluster, workload, timeout_s=20).start()
         time.sleep(4)
@@ -105,8 +119,9 @@ def test_out_of_memory_splits_the_batch_and_only_a_too_large_sequence_fails(work
         assert httpx.post(cluster.url + "/embed", json={"inputs": texts[:3]}, timeout=60).status_code == 200
 
 
-def test_hung_worker_is_left_and_its_chunks_served_elsewhere(workload):
-    with Cluster(workers=1) as cluster:
+@LINKS
+def test_hung_worker_is_left_and_its_chunks_served_elsewhere(workload, link_thread):
+    with link_cluster(link_thread, 1) as cluster:
         hung = cluster.start_worker(extra=["--watchdog-s", "2"], env={"QUIVER_INJECT_FAULTS": "hang_on_step=3"})
         cluster.wait_live_workers(2)
         report = load_on(cluster, workload).run_for(10)
@@ -115,8 +130,9 @@ def test_hung_worker_is_left_and_its_chunks_served_elsewhere(workload):
         assert "no progress" in hung.log()
 
 
-def test_sigterm_drains_under_load(workload):
-    with Cluster(workers=2) as cluster:
+@LINKS
+def test_sigterm_drains_under_load(workload, link_thread):
+    with link_cluster(link_thread, 2) as cluster:
         load = load_on(cluster, workload).start()
         time.sleep(4)
         cluster.worker_procs[0].signal(signal.SIGTERM)
