@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# On one GPU: the worker's two link arrangements (worker/link.py) side by side, same machine, same run.
+# On one GPU: several server configurations side by side, same machine, same run (for the worker's two
+# link arrangements, worker/link.py, and the busy-poll window).
 #
-# Two `quiver serve` of the pplx-embed-0.6B stand-in share the GPU (0.4 of its memory each): one with the
-# broker socket on a thread of its own (QUIVER_LINK_THREAD=on, the arrangement before), one polled from
-# the scheduler's thread (off, the GPU default). Then, alternating between them for ROUNDS rounds:
-# bench/floor.py (the floors, then the batch-1 overhead over the worker's step at 128 / 512 / 4096
-# tokens) and `quiver bench`'s concurrency benchmark (single 512-token texts, 1 / 4 / 16 clients).
-# The server not being measured sits idle. Writes link-ab.txt (the tables) and link-ab.tar.gz (floor-*.json,
-# concurrency-*.json, the servers' logs) to $OUT.
+# One `quiver serve` of the pplx-embed-0.6B stand-in per configuration, sharing the GPU; then, alternating
+# between them for ROUNDS rounds: bench/floor.py (the floors, then the batch-1 overhead over the worker's
+# step at 128 / 512 / 4096 tokens) and the concurrency benchmark of `quiver bench` (quiver.bench.cli) (single 512-token texts, 1 /
+# 4 / 16 clients). The servers not being measured sit idle. A configuration is NAME:VAR=VALUE,VAR=VALUE
+# (QUIVER_* variables of `quiver serve` and its children). Writes link-ab.txt (the tables) and
+# link-ab.tar.gz (floor-*.json, concurrency-*.json, the servers' logs) to $OUT.
 #
-#   ROUNDS=2 bash bench/link_ab_gpu.sh
-#   DEVICE=cpu STAND_IN_ARGS=--small REQUESTS=20 ROUNDS=1 bash bench/link_ab_gpu.sh     # a try on a CPU
+#   ROUNDS=2 bash bench/link_ab_gpu.sh thread:QUIVER_LINK_THREAD=on inline:QUIVER_LINK_THREAD=off
+#   DEVICE=cpu STAND_IN_ARGS=--small REQUESTS=20 ROUNDS=1 bash bench/link_ab_gpu.sh a:QUIVER_LINK_THREAD=on b:QUIVER_LINK_THREAD=off
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -19,35 +19,46 @@ WORK=${WORK:-/tmp/quiver-link-ab}
 ROUNDS=${ROUNDS:-2}
 REQUESTS=${REQUESTS:-200}
 DEVICE=${DEVICE:-cuda}
+configs=("$@")
+[ ${#configs[@]} -gt 0 ] || configs=(thread:QUIVER_LINK_THREAD=on inline:QUIVER_LINK_THREAD=off)
 mkdir -p "$OUT" "$WORK/results"
 log="$OUT/link-ab.txt"
 # shellcheck disable=SC2086
 ckpt=$(python3 -m quiver.bench.stand_ins --root "$WORK" --device "$DEVICE" ${STAND_IN_ARGS:-} pplx-embed-0.6b-shape | tail -n 1)
-declare -A port=([on]=18081 [off]=18082) pid=()
-for mode in on off; do
-  QUIVER_LINK_THREAD=$mode python3 -m quiver serve --model "$ckpt" --device "$DEVICE" --port "${port[$mode]}" \
-    --gpu-memory-fraction 0.4 > "$WORK/results/serve-$mode.log" 2>&1 &
-  pid[$mode]=$!
+fraction=$(python3 -c "print(round(0.85 / ${#configs[@]}, 2))")
+declare -A port=() pid=()
+next_port=18081
+for config in "${configs[@]}"; do
+  name=${config%%:*}
+  port[$name]=$next_port
+  next_port=$((next_port + 1))
+  IFS=, read -r -a assignments <<< "${config#*:}"
+  env "${assignments[@]}" python3 -m quiver serve --model "$ckpt" --device "$DEVICE" --port "${port[$name]}" \
+    --gpu-memory-fraction "$fraction" --broker-metrics-port 0 --worker-metrics-port 0 \
+    > "$WORK/results/serve-$name.log" 2>&1 &
+  pid[$name]=$!
 done
-for mode in on off; do
+for name in "${!port[@]}"; do
   for _ in $(seq 600); do
-    python3 -c "import sys, urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:${port[$mode]}/health', timeout=2).status != 200)" 2>/dev/null && break
+    python3 -c "import sys, urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:${port[$name]}/health', timeout=2).status != 200)" 2>/dev/null && break
     sleep 1
   done
 done
+echo "servers up after ${SECONDS} s" | tee -a "$log"
 for round in $(seq "$ROUNDS"); do
-  for mode in on off; do
-    echo "## link thread $mode, round $round" | tee -a "$log"
-    python3 -m quiver.bench.floor --url "http://127.0.0.1:${port[$mode]}" --server-pid "${pid[$mode]}" \
+  for config in "${configs[@]}"; do
+    name=${config%%:*}
+    echo "## $config, round $round" | tee -a "$log"
+    python3 -m quiver.bench.floor --url "http://127.0.0.1:${port[$name]}" --server-pid "${pid[$name]}" \
       --model "$ckpt" --device "$DEVICE" --lengths 128,512,4096 --requests "$REQUESTS" --modes blocking \
-      --json "$WORK/results/floor-$mode-$round.json" 2>&1 | tee -a "$log"
-    bench="$WORK/bench-$mode-$round"
-    python3 -m quiver bench --url "http://127.0.0.1:${port[$mode]}" --model "$ckpt" --benchmarks concurrency \
+      --json "$WORK/results/floor-$name-$round.json" 2>&1 | tee -a "$log"
+    bench="$WORK/bench-$name-$round"
+    python3 -m quiver.bench.cli --url "http://127.0.0.1:${port[$name]}" --model "$ckpt" --benchmarks concurrency \
       --concurrency-levels 1,4,16 --concurrency-requests 100 --baselines none --out "$bench" > "$bench.log" 2>&1
-    grep -i -A8 "concurren" "$bench/results.md" | head -24 | tee -a "$log"
-    cp "$bench/results.json" "$WORK/results/concurrency-$mode-$round.json" 2>/dev/null
+    grep -i -A4 "^## concurren" "$bench/results.md" | tee -a "$log"
+    cp "$bench/results.json" "$WORK/results/concurrency-$name-$round.json" 2>/dev/null
   done
 done
-for mode in on off; do kill -TERM "${pid[$mode]}"; done
+for name in "${!pid[@]}"; do kill -TERM "${pid[$name]}"; done
 wait
 tar czf "$OUT/link-ab.tar.gz" -C "$WORK" results

@@ -188,7 +188,7 @@ class ServeSettings(FrontendSettings):
     max_queued_chunks: int = option(4096, "broker: chunks waiting for a worker before 429")
     max_retries: int = option(2, "broker: re-dispatches of a chunk whose worker died")
     busy_poll_us: int = option(-1, "broker and GPU workers poll without sleeping this long after a message "
-                                   "(-1: 500 with GPUs, 0 on CPUs)")
+                                   "(-1: 20000 with GPUs, 0 on CPUs)")
     metrics_host: str = option("127.0.0.1", "address the broker's and the workers' /metrics bind")
     broker_metrics_port: int = option(9300, "port of the broker's /metrics (0: none; when taken, a free one, logged)")
     worker_metrics_port: int = option(9400, "port of worker N's /metrics is this + N (0: none; when taken, a free "

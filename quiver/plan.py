@@ -38,7 +38,11 @@ from quiver.common.tracing import tracing_problem
 
 log = logging.getLogger("quiver.serve")
 
-DEFAULT_GPU_BUSY_POLL_US = 500
+# Beside GPUs the broker and the workers poll without sleeping for 20 ms after each message, which covers
+# the gap to the next message of a batch-1 stream (the step, the next request): on one H200, against
+# 500 µs, 0.4-0.5 ms less at 128 tokens and 1.3-1.5 ms less at 4096 per request (bench/RESULTS.md,
+# 2026-12-03). It costs a core each while traffic flows and nothing once it has stopped for 20 ms.
+DEFAULT_GPU_BUSY_POLL_US = 20_000
 # The memory of a GPU that workers sharing it split when their models ask for no fraction.
 DEFAULT_GPU_SHARE = 0.9
 _CUDA_LIST = re.compile(r"^cuda:(\d+(?:,\d+)*)$")
