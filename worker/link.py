@@ -38,6 +38,7 @@ from quiver.common.protocol import (
 )
 from quiver.common.security import client_from
 from quiver.common.transport import make_socket, recv, recv_frames, send, send_frames
+from quiver.worker import metrics
 
 log = logging.getLogger("quiver.worker.link")
 
@@ -92,6 +93,7 @@ class BrokerConnection:
             except zmq.Again:
                 break
             except ProtocolError as exc:
+                metrics.BAD_MESSAGES.inc()
                 log.warning("dropped a malformed message from the broker: %s", exc)
                 continue
             got = True
@@ -105,6 +107,7 @@ class BrokerConnection:
             elif isinstance(message, Disconnect):
                 log.warning("the broker sent DISCONNECT: %s", message.reason)
             elif not isinstance(message, Heartbeat):
+                metrics.BAD_MESSAGES.inc()
                 log.warning("the broker sent %s, which brokers do not send", type(message).__name__)
         return got
 
@@ -131,6 +134,7 @@ class BrokerConnection:
         return replaced
 
     def _replace_socket(self) -> None:
+        metrics.BROKER_RECONNECTS.inc()
         backoff = self.backoff
         self.read()  # chunks already delivered to the old socket are not lost with it
         self.sock.close()

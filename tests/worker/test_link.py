@@ -12,6 +12,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 import zmq
+from prometheus_client import REGISTRY
 
 from quiver.common.config import WorkerSettings
 from quiver.common.protocol import (
@@ -148,8 +149,28 @@ def _recv_plain(broker: StandInBroker, want: type[Message], timeout: float = 3.0
     raise AssertionError(f"no {want.__name__} within {timeout} s")
 
 
+def counted(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+def test_a_malformed_message_from_the_broker_is_counted_and_the_next_one_still_delivered(link_and_broker):
+    link, broker = link_and_broker
+    identity, _ = broker.recv(link, want=Ready)
+    before = counted("quiver_worker_bad_messages_total")
+    broker.sock.send_multipart([identity, b"\xff", b"not msgpack"])
+    broker.send(identity, Ready(version=PROTOCOL_VERSION, name="b", model="m", device="cpu", capacity_tokens=1,
+                                output_dim=4))  # well formed, but not a message a broker sends
+    broker.send(identity, chunk("after"))
+    end = time.monotonic() + 3
+    while not broker.delivered and time.monotonic() < end:
+        broker.delivered += pump(link, 0.05)
+    assert [m.chunk_id for m in broker.delivered if isinstance(m, Chunk)] == ["after"]
+    assert counted("quiver_worker_bad_messages_total") == before + 2
+
+
 def test_a_silent_broker_gets_a_new_socket_and_ready_again(link_and_broker):
     link, broker = link_and_broker
+    reconnects = counted("quiver_worker_broker_reconnects_total")
     first, _ = broker.recv(link, want=Ready)
     # Never answered: after the liveness window (3 heartbeats) and the back-off (one interval) the link
     # replaces its socket and registers again; a chunk sent before that still reaches the scheduler.
@@ -157,6 +178,7 @@ def test_a_silent_broker_gets_a_new_socket_and_ready_again(link_and_broker):
     again, message = broker.recv(link, timeout=5.0, want=Ready)
     assert message == ready() and again == first  # the same secret identity, on a new connection
     assert [m.chunk_id for m in broker.delivered if isinstance(m, Chunk)] == ["before"]
+    assert counted("quiver_worker_broker_reconnects_total") >= reconnects + 1
 
 
 def test_a_broker_that_speaks_during_the_back_off_keeps_the_socket(ctx):
