@@ -178,9 +178,9 @@ class InlineLink:
             self.last_message = now
         connection.keep_alive(now)
 
-    def get(self, timeout: float) -> Chunk | Cancel:
+    def get(self, block: bool = True, timeout: float | None = None) -> Chunk | Cancel:
         if not self.pending:
-            self._service(timeout)
+            self._service(IDLE_POLL_MS / 1000 if timeout is None else timeout if block else 0.0)
         if not self.pending:
             raise queue.Empty
         return self.pending.popleft()

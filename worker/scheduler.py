@@ -39,7 +39,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Union, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -57,8 +57,19 @@ log = logging.getLogger("quiver.worker.scheduler")
 
 
 IDLE_POLL_S = 0.1  # an idle loop wakes this often (for the stop flag and the watchdog)
-# What the I/O thread puts chunks and cancels into (the worker uses the SimpleQueue).
-Inbox = Union["queue.SimpleQueue[Chunk | Cancel]", "queue.Queue[Chunk | Cancel]"]
+
+
+class Inbox(Protocol):
+    """Where chunks and cancels come from, as queue.SimpleQueue gives them (get and get_nowait raise
+    queue.Empty): a queue the worker's link thread fills, or the InlineLink polling the socket itself."""
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Chunk | Cancel: ...
+
+    def get_nowait(self) -> Chunk | Cancel: ...
+
+    def empty(self) -> bool: ...
+
+
 ONLINE_RECENT_S = 2.0  # background rows stay in short steps this long after online work was last seen
 # Background tokens in a step while online work is about, and without it, by device type: on a GPU a
 # short step costs little more than the smallest step; a CPU's step time grows with every token, and its
