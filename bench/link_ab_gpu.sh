@@ -4,8 +4,8 @@
 #
 # One `quiver serve` of the pplx-embed-0.6B stand-in per configuration, sharing the GPU; then, alternating
 # between them for ROUNDS rounds: bench/floor.py (the floors, then the batch-1 overhead over the worker's
-# step at 128 / 512 / 4096 tokens) and the concurrency benchmark of `quiver bench` (quiver.bench.cli) (single 512-token texts, 1 /
-# 4 / 16 clients). The servers not being measured sit idle. A configuration is NAME:VAR=VALUE,VAR=VALUE
+# step at 128 / 512 / 4096 tokens) and the concurrency benchmark of `quiver bench` (quiver.bench.cli:
+# single 512-token texts, 1 / 4 / 16 clients). The servers not being measured sit idle. A configuration is NAME:VAR=VALUE,VAR=VALUE
 # (QUIVER_* variables of `quiver serve` and its children). Writes link-ab.txt (the tables) and
 # link-ab.tar.gz (floor-*.json, concurrency-*.json, the servers' logs) to $OUT.
 #

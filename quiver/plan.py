@@ -40,8 +40,9 @@ log = logging.getLogger("quiver.serve")
 
 # Beside GPUs the broker and the workers poll without sleeping for 20 ms after each message, which covers
 # the gap to the next message of a batch-1 stream (the step, the next request): on one H200, against
-# 500 µs, 0.4-0.5 ms less at 128 tokens and 1.3-1.5 ms less at 4096 per request (bench/RESULTS.md,
-# 2026-12-03). It costs a core each while traffic flows and nothing once it has stopped for 20 ms.
+# 500 µs, 0.15-0.5 ms less per request at 128 and 512 tokens in three comparisons on two machines; at 4096
+# tokens the two runs disagreed (bench/RESULTS.md, 2026-12-03). It costs a core each while traffic flows
+# and nothing once it has stopped for 20 ms.
 DEFAULT_GPU_BUSY_POLL_US = 20_000
 # The memory of a GPU that workers sharing it split when their models ask for no fraction.
 DEFAULT_GPU_SHARE = 0.9

@@ -8,8 +8,9 @@ It is used from one thread at a time and never blocks.
 - InlineLink (GPU workers by default): the scheduler's own thread polls the socket. A chunk wakes the
   thread that runs it, and a result leaves from the thread that finished it: no hand-off between
   threads on a request's path (bench/floor.py measures a hand-off there and back at 120-150 µs on an
-  H200 host; against the link thread, this took 0.3-0.5 ms off a batch-1 request there, 2026-12-03). Heartbeats go out from the scheduler's loop, which on a GPU goes round at least once per
-  step (steps are launched asynchronously and last milliseconds), so a live worker never looks silent.
+  H200 host; against the link thread, this took 0.3-0.5 ms off a batch-1 request there, 2026-12-03).
+  Heartbeats go out from the scheduler's loop, which on a GPU goes round at least once per step (steps
+  are launched asynchronously and last milliseconds), so a live worker never looks silent.
   A forward pass that hangs stops the heartbeats: the broker counts the worker dead after the liveness
   window and re-dispatches its chunks, and StallWatchdog ends the process for a restart.
 - BrokerLink (CPU workers by default): a thread of its own polls the socket and hands chunks to the
@@ -186,11 +187,7 @@ class InlineLink:
         return self.pending.popleft()
 
     def get_nowait(self) -> Chunk | Cancel:
-        if not self.pending:
-            self._service(0.0)
-        if not self.pending:
-            raise queue.Empty
-        return self.pending.popleft()
+        return self.get(block=False)
 
     def empty(self) -> bool:
         if not self.pending:

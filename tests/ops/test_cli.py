@@ -147,3 +147,27 @@ def test_a_hub_id_missing_from_the_cache_says_how_to_get_a_local_copy(tmp_path):
     assert out.returncode == EXIT_MODEL_ERROR
     assert "huggingface-cli download BAAI/bge-small-en-v1.5 --local-dir" in out.stderr
     assert str(tmp_path / "hub") in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_option_with_choices_takes_them_from_the_command_line_and_the_environment(monkeypatch, capsys):
+    clear_quiver_environment(monkeypatch)
+    assert parse(WorkerSettings, "worker").link_thread == "auto"
+    assert parse(WorkerSettings, "worker", "--link-thread", "off").link_thread == "off"
+    monkeypatch.setenv("QUIVER_LINK_THREAD", "on")
+    assert parse(WorkerSettings, "worker").link_thread == "on"
+    with pytest.raises(SystemExit) as exited:
+        parse(WorkerSettings, "worker", "--link-thread", "sometimes")
+    assert exited.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    monkeypatch.setenv("QUIVER_LINK_THREAD", "sometimes")
+    with pytest.raises(SystemExit) as exited:
+        parse(WorkerSettings, "worker")
+    assert exited.value.code == 2 and "QUIVER_LINK_THREAD='sometimes': choose from auto, on, off" in capsys.readouterr().err
+
+
+def test_beside_gpus_the_broker_and_workers_busy_poll_for_20_ms_and_never_on_cpus(monkeypatch, tmp_path):
+    clear_quiver_environment(monkeypatch)
+    for device, gpus, window in (("cuda", 1, 20_000), ("cpu", 0, 0)):
+        children = plan(tmp_path, "--device", device, gpus=gpus)
+        for role in ("broker", "worker"):
+            child = children[role][0]
+            assert child.argv[child.argv.index("--busy-poll-us") + 1] == str(window), (device, role)

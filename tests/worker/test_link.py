@@ -34,12 +34,14 @@ class StandInBroker:
         self.sock.bind(self.endpoint)
         self.delivered: list[Message] = []  # what the link handed its scheduler while recv() pumped it
 
-    def recv(self, link: InlineLink | ThreadedLink, timeout: float = 3.0,
+    def recv(self, link: InlineLink | ThreadedLink | None, timeout: float = 3.0,
              want: type[Message] | None = None) -> tuple[bytes, Message]:
-        """The next message (of type `want`, others skipped), pumping the link as its scheduler would."""
+        """The next message (of type `want`, others skipped), pumping the link (unless None: closed) as its
+        scheduler would."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            self.delivered += pump(link, 0.005)
+            if link is not None:
+                self.delivered += pump(link, 0.005)
             if self.sock.poll(5):
                 identity, frames = split_identity(self.sock.recv_multipart(copy=False))
                 message = decode(frames)
@@ -134,19 +136,8 @@ def test_close_says_disconnect(ctx):
         link.start(stalled_for=lambda now: 0.0)
         broker.recv(link, want=Ready)
         link.close()
-        _, message = _recv_plain(broker, want=Disconnect)
+        _, message = broker.recv(None, want=Disconnect)
         assert isinstance(message, Disconnect) and message.reason == "worker stopping"
-
-
-def _recv_plain(broker: StandInBroker, want: type[Message], timeout: float = 3.0) -> tuple[bytes, Message]:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if broker.sock.poll(20):
-            identity, frames = split_identity(broker.sock.recv_multipart(copy=False))
-            message = decode(frames)
-            if isinstance(message, want):
-                return identity, message
-    raise AssertionError(f"no {want.__name__} within {timeout} s")
 
 
 def counted(name: str) -> float:
