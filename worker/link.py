@@ -181,7 +181,10 @@ class InlineLink:
 
     def get(self, block: bool = True, timeout: float | None = None) -> Chunk | Cancel:
         if not self.pending:
-            self._service(IDLE_POLL_MS / 1000 if timeout is None else timeout if block else 0.0)
+            if not block:
+                self._service(0.0)
+            else:
+                self._service(IDLE_POLL_MS / 1000 if timeout is None else timeout)
         if not self.pending:
             raise queue.Empty
         return self.pending.popleft()
