@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import zmq
@@ -250,18 +250,32 @@ def _process_tree(pid: int) -> dict[int, str]:
 def idle_cpu(pid: int, seconds: float) -> dict[str, float]:
     """Share of one core each process of `quiver serve` burns while no request comes."""
     tree = _process_tree(pid)
-    before = {p: cpu_seconds(p) for p in tree}
+    before = _cpu_now(tree)
     time.sleep(seconds)
-    return {f"{p} {tree[p]}": round((cpu_seconds(p) - before[p]) / seconds, 3) for p in before}
+    after = _cpu_now(before)
+    return {f"{p} {tree[p]}": round((after[p] - before[p]) / seconds, 3) for p in after}
+
+
+def _cpu_now(pids: Iterable[int]) -> dict[int, float]:
+    """cpu_seconds of each process still running (a server's helper processes, such as the compiler's
+    workers, may end while it is measured)."""
+    seconds = {}
+    for pid in pids:
+        try:
+            seconds[pid] = cpu_seconds(pid)
+        except FileNotFoundError:
+            continue
+    return seconds
 
 
 def _overhead_at(port: int, pid: int, args: argparse.Namespace, lengths: list[int], vocab: int) -> dict[str, Any]:
     out: dict[str, Any] = {"idle_cpu": idle_cpu(pid, args.idle_s) if pid else {}}
     tree = _process_tree(pid) if pid else {}
     for length in lengths:
-        before = {p: cpu_seconds(p) for p in tree}
+        before = _cpu_now(tree)
         client, inference = _post_times(port, "/v1/embeddings", _token_body(length, vocab), args.requests)
-        cpu = {f"{p} {tree[p]}": round((cpu_seconds(p) - before[p]) * 1e6 / _sent(args.requests), 1) for p in before}
+        after = _cpu_now(before)
+        cpu = {f"{p} {tree[p]}": round((after[p] - before[p]) * 1e6 / _sent(args.requests), 1) for p in after}
         client_p50, client_p99 = _percentiles(client)
         overhead_p50, overhead_p99 = _percentiles([c - i for c, i in zip(client, inference)])
         out[str(length)] = {"client_p50": client_p50, "client_p99": client_p99,

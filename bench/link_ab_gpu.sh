@@ -6,7 +6,8 @@
 # between them for ROUNDS rounds: bench/floor.py (the floors, then the batch-1 overhead over the worker's
 # step at 128 / 512 / 4096 tokens) and the concurrency benchmark of `quiver bench` (quiver.bench.cli:
 # single 512-token texts, 1 / 4 / 16 clients). The servers not being measured sit idle. A configuration is NAME:VAR=VALUE,VAR=VALUE
-# (QUIVER_* variables of `quiver serve` and its children). Writes link-ab.txt (the tables) and
+# (QUIVER_* variables of `quiver serve` and its children). LEVELS and CLIENT_REQUESTS set the concurrency
+# benchmark's client counts and requests per client (default 1,4,16 and 100). Writes link-ab.txt (the tables) and
 # link-ab.tar.gz (floor-*.json, concurrency-*.json, the servers' logs) to $OUT.
 #
 #   ROUNDS=2 bash bench/link_ab_gpu.sh thread:QUIVER_LINK_THREAD=on inline:QUIVER_LINK_THREAD=off
@@ -19,6 +20,8 @@ WORK=${WORK:-/tmp/quiver-link-ab}
 ROUNDS=${ROUNDS:-2}
 REQUESTS=${REQUESTS:-200}
 DEVICE=${DEVICE:-cuda}
+LEVELS=${LEVELS:-1,4,16}
+CLIENT_REQUESTS=${CLIENT_REQUESTS:-100}
 configs=("$@")
 [ ${#configs[@]} -gt 0 ] || configs=(thread:QUIVER_LINK_THREAD=on inline:QUIVER_LINK_THREAD=off)
 mkdir -p "$OUT" "$WORK/results"
@@ -45,6 +48,7 @@ for name in "${!port[@]}"; do
   done
 done
 echo "servers up after ${SECONDS} s" | tee -a "$log"
+python3 -c "import time; print(time.monotonic())" > "$WORK/traffic-since"  # for tools that split by phase
 for round in $(seq "$ROUNDS"); do
   for config in "${configs[@]}"; do
     name=${config%%:*}
@@ -54,8 +58,8 @@ for round in $(seq "$ROUNDS"); do
       --json "$WORK/results/floor-$name-$round.json" 2>&1 | tee -a "$log"
     bench="$WORK/bench-$name-$round"
     python3 -m quiver.bench.cli --url "http://127.0.0.1:${port[$name]}" --model "$ckpt" --benchmarks concurrency \
-      --concurrency-levels 1,4,16 --concurrency-requests 100 --baselines none --out "$bench" > "$bench.log" 2>&1
-    grep -i -A4 "^## concurren" "$bench/results.md" | tee -a "$log"
+      --concurrency-levels "$LEVELS" --concurrency-requests "$CLIENT_REQUESTS" --baselines none --out "$bench" > "$bench.log" 2>&1
+    grep -i -A8 "^## concurren" "$bench/results.md" | tee -a "$log"
     cp "$bench/results.json" "$WORK/results/concurrency-$name-$round.json" 2>/dev/null
   done
 done

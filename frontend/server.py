@@ -21,6 +21,7 @@ import uvicorn
 
 from quiver.common import sdnotify
 from quiver.common.config import EXIT_USAGE, FrontendSettings
+from quiver.common.heap import freeze_startup_heap
 from quiver.common.model_info import EXIT_MODEL_ERROR, ModelError
 from quiver.common.tracing import tracing_problem
 
@@ -44,6 +45,7 @@ def app_from_environment():
     async def lifespan(app_):
         # The parent bound the socket already: once this process is started it serves.
         async with inner(app_) as state:
+            freeze_startup_heap()
             sdnotify.ready("serving HTTP")
             yield state
             sdnotify.stopping()
@@ -61,6 +63,7 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
         if self.started:
+            freeze_startup_heap()
             sdnotify.ready("serving HTTP")
 
     async def shutdown(self, sockets=None) -> None:

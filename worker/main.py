@@ -18,6 +18,7 @@ import zmq
 from quiver.common import sdnotify
 from quiver.common.config import EXIT_USAGE, WorkerSettings
 from quiver.common.fingerprint import model_fingerprint
+from quiver.common.heap import freeze_startup_heap
 from quiver.common.metrics import serve_metrics
 from quiver.common.model_info import EXIT_MODEL_ERROR, default_model_dir
 from quiver.common.protocol import PROTOCOL_VERSION, Ready
@@ -122,6 +123,7 @@ def run_worker(settings: WorkerSettings) -> int:
     # The model is loaded and warm (load_engine compiles and measures on a GPU): tell systemd, and pet
     # its watchdog from every scheduler-loop iteration from now on, so a hung worker is restarted.
     metrics.loop_tick.watchdog = sdnotify.Watchdog.from_environment()
+    freeze_startup_heap()
     sdnotify.ready(f"serving {info.model.name} on {info.device}")
     scheduler.run(link.inbox, stop, drain)
     link.close()
