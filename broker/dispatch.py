@@ -28,7 +28,7 @@ from quiver.common.protocol import PRIORITY_ONLINE, Routed
 MAX_SENDERS = 4
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingChunk:
     """A chunk the broker owns until its result or error goes back to the frontend that sent it.
     `message` is the CHUNK as received (header checked, array frames unread). `frontends` are the
@@ -56,20 +56,20 @@ class PendingChunk:
     background: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        header = self.message.header
-        self.chunk_id = str(header["chunk_id"])
-        self.task = str(header["task"])
-        self.model = str(header.get("model", ""))
-        self.num_tokens = int(header["num_tokens"])
-        self.num_seqs = int(header["num_seqs"])
-        self.background = int(header.get("priority", PRIORITY_ONLINE)) != PRIORITY_ONLINE
+        header = self.message.header  # checked by protocol.peek: the types are right
+        self.chunk_id = header["chunk_id"]
+        self.task = header["task"]
+        self.model = header.get("model", "")
+        self.num_tokens = header["num_tokens"]
+        self.num_seqs = header["num_seqs"]
+        self.background = header.get("priority", PRIORITY_ONLINE) != PRIORITY_ONLINE
 
     def add_sender(self, frontend: bytes) -> None:
         if frontend not in self.frontends:
             self.frontends = [*self.frontends, frontend][-MAX_SENDERS:]
 
 
-@dataclass
+@dataclass(slots=True)
 class WorkerState:
     identity: bytes
     name: str
@@ -217,6 +217,20 @@ class Dispatcher:
     # chunks ----------------------------------------------------------------------------------
     def pick_worker(self, chunk: PendingChunk) -> WorkerState | None:
         """The fitting worker with the fewest outstanding tokens, one that lost this chunk before last."""
+        if chunk.former_workers:
+            return self._pick_worker_but_former(chunk)
+        best, fewest = None, 0
+        for worker in self.workers.values():
+            if worker.fits(chunk) and not (chunk.background and worker.background_chunks >= self.max_background):
+                tokens = worker.outstanding_tokens
+                if best is None or tokens < fewest:
+                    best, fewest = worker, tokens
+                    if not tokens:
+                        break  # idle: no worker is better
+        return best
+
+    def _pick_worker_but_former(self, chunk: PendingChunk) -> WorkerState | None:
+        """pick_worker for a chunk taken back from some workers: any other worker goes before those."""
         best, best_key = None, (True, 0)
         for worker in self.workers.values():
             if not worker.fits(chunk) or (chunk.background and worker.background_chunks >= self.max_background):

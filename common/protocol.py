@@ -298,6 +298,21 @@ class Chunk(Message):
 
     @classmethod
     def check(cls, h: dict[str, Any]) -> None:
+        # Every field at once, as msgpack decodes a well-formed header (the broker checks each chunk it
+        # routes); anything else goes through the checks one by one, which name the field at fault.
+        get = h.get
+        chunk_id, num_seqs, num_tokens, timeout_s = get("chunk_id"), get("num_seqs"), get("num_tokens"), get("timeout_s")
+        attempt, model, trace, priority = get("attempt", 0), get("model", ""), get("traceparent", ""), get("priority", 0)
+        if (type(chunk_id) is str and len(chunk_id) <= MAX_ID_CHARS and get("task") in TASKS
+                and type(num_seqs) is int and 1 <= num_seqs <= MAX_SEQS_PER_CHUNK
+                and type(num_tokens) is int and 1 <= num_tokens <= MAX_ARRAY_BYTES // 4
+                and type(get("normalize")) is bool and type(get("has_token_types", False)) is bool
+                and type(timeout_s) is float and 0.0 <= timeout_s <= 86_400.0
+                and type(attempt) is int and 0 <= attempt <= 1000
+                and type(model) is str and len(model) <= MAX_ID_CHARS
+                and type(trace) is str and len(trace) <= MAX_TRACEPARENT_CHARS
+                and type(priority) is int and PRIORITY_ONLINE <= priority <= PRIORITY_BACKGROUND):
+            return
         _check_str("chunk_id", h.get("chunk_id"))
         if h.get("task") not in TASKS:
             raise ProtocolError(f"field 'task' must be one of {TASKS}")
@@ -393,6 +408,19 @@ class Result(Message):
 
     @classmethod
     def check(cls, h: dict[str, Any]) -> None:
+        # A dense result's header as msgpack decodes it, every field at once (as in Chunk.check); anything
+        # else through the checks one by one.
+        get = h.get
+        chunk_id, num_seqs, dim, worker = get("chunk_id"), get("num_seqs"), get("dim"), get("worker", "")
+        queue_s, inference_s = get("queue_s", 0.0), get("inference_s", 0.0)
+        if (type(chunk_id) is str and len(chunk_id) <= MAX_ID_CHARS
+                and type(num_seqs) is int and 1 <= num_seqs <= MAX_SEQS_PER_CHUNK
+                and type(dim) is int and 1 <= dim <= MAX_RESULT_DIM and get("dtype", "float32") in RESULT_DTYPES
+                and type(queue_s) is float and 0.0 <= queue_s <= 1e9
+                and type(inference_s) is float and 0.0 <= inference_s <= 1e9
+                and type(worker) is str and len(worker) <= MAX_ID_CHARS
+                and get("nnz") is None and get("num_rows") is None):
+            return
         _check_str("chunk_id", h.get("chunk_id"))
         _check_int("num_seqs", h.get("num_seqs"), 1, MAX_SEQS_PER_CHUNK)
         _check_int("dim", h.get("dim"), 1, MAX_RESULT_DIM)
@@ -473,9 +501,12 @@ class Error(Message):
 MESSAGE_CLASSES: dict[MsgType, type[Message]] = {
     cls.TYPE: cls for cls in (Ready, Heartbeat, Disconnect, Reconnect, Cancel, Chunk, Result, Error)
 }
-# Per type byte: the class and its header's field names, looked up once (every message is checked).
-_CLASSES_BY_BYTE: dict[int, tuple[MsgType, type[Message], frozenset[str]]] = {
-    int(kind): (kind, cls, frozenset(f.name for f in fields(cls))) for kind, cls in MESSAGE_CLASSES.items()
+# Per type byte: the class, its field names, and those of them its header may hold (not its arrays'),
+# looked up once (every message is checked).
+_CLASSES_BY_BYTE: dict[int, tuple[MsgType, type[Message], frozenset[str], frozenset[str]]] = {
+    int(kind): (kind, cls, frozenset(f.name for f in fields(cls)),
+                frozenset(f.name for f in fields(cls)) - set(getattr(cls, "ARRAY_FIELDS", ())))
+    for kind, cls in MESSAGE_CLASSES.items()
 }
 
 
@@ -500,7 +531,7 @@ def _decode_header(frames: list[Any]) -> tuple[type[Message], dict[str, Any], li
     known_type = _CLASSES_BY_BYTE.get(type_frame[0])
     if known_type is None:
         raise ProtocolError(f"unknown message type {type_frame[0]}")
-    msg_type, cls, known = known_type
+    msg_type, cls, known, header_fields = known_type
     if header_frame.nbytes > MAX_HEADER_BYTES:
         raise ProtocolError(f"header of {header_frame.nbytes} bytes is over the {MAX_HEADER_BYTES} limit")
     try:
@@ -512,14 +543,15 @@ def _decode_header(frames: list[Any]) -> tuple[type[Message], dict[str, Any], li
         raise ProtocolError(f"header is not valid msgpack: {exc}") from exc
     if not isinstance(header, dict):
         raise ProtocolError("header must be a map")
+    if header.keys() <= header_fields:
+        cls.check(header)
+        return cls, header, arrays
     unknown = header.keys() - known
     if unknown:
         raise ProtocolError(f"{msg_type.name} header has unknown fields {sorted(unknown)}")
     cls.check(header)
-    for array_field in getattr(cls, "ARRAY_FIELDS", ()):
-        if array_field in header:
-            raise ProtocolError(f"{array_field!r} travels as a frame, not in the header")
-    return cls, header, arrays
+    array_field = next(name for name in getattr(cls, "ARRAY_FIELDS", ()) if name in header)
+    raise ProtocolError(f"{array_field!r} travels as a frame, not in the header")
 
 
 def decode(frames: list[bytes | memoryview | Any]) -> Message:

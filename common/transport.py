@@ -35,6 +35,11 @@ def make_socket(ctx: zmq.Context, kind: int, identity: bytes | None = None, hand
 # microseconds per frame; the broker's per-message cost is a few dozen. Plain ints and Frame.more here.
 _SNDMORE = int(zmq.SNDMORE)
 _NOBLOCK = int(zmq.NOBLOCK)
+# zmq.Socket.send is a Python wrapper over the compiled send that only adds the draft API's routing_id
+# and group; a plain socket is sent on through the compiled one directly (a fifth of a send's cost).
+# Sockets whose class overrides send (zmq.asyncio's) keep their own.
+_PLAIN_SEND = zmq.Socket.send
+_COMPILED_SEND = zmq.backend.Socket.send
 
 
 def send(sock: zmq.Socket, message: Message, identity: bytes | None = None) -> None:
@@ -44,13 +49,20 @@ def send(sock: zmq.Socket, message: Message, identity: bytes | None = None) -> N
 def send_frames(sock: zmq.Socket, frames: list[Any], identity: bytes | None = None, flags: int = 0) -> None:
     """Send already-encoded frames (bytes, buffers or received Frames, not copied), optionally routed to
     `identity`. With NOBLOCK a full queue raises zmq.Again at the first frame, before any is queued."""
-    send_one = sock.send
     more = _SNDMORE | flags
+    if type(sock).send is not _PLAIN_SEND:
+        send_one = sock.send
+        if identity is not None:
+            send_one(identity, more)
+        for frame in frames[:-1]:
+            send_one(frame, more, copy=False)
+        send_one(frames[-1], flags, copy=False)
+        return
     if identity is not None:
-        send_one(identity, more)
+        _COMPILED_SEND(sock, identity, more)
     for frame in frames[:-1]:
-        send_one(frame, more, copy=False)
-    send_one(frames[-1], flags, copy=False)
+        _COMPILED_SEND(sock, frame, more, False)
+    _COMPILED_SEND(sock, frames[-1], flags, False)
 
 
 def recv_frames(sock: zmq.Socket, flags: int = _NOBLOCK) -> list[zmq.Frame]:

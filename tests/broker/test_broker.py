@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import zmq
 
+from quiver.bench.local_server import cpu_seconds
 from quiver.common.protocol import (
     PROTOCOL_VERSION, Chunk, Disconnect, Error, Heartbeat, Ready, Reconnect, Result,
 )
@@ -200,3 +201,22 @@ def test_a_chunk_that_waited_in_the_queue_carries_the_time_it_has_left(broker):
     worker.send(result_for(waited))
     worker.send(result_for(at_once))
     assert {front.recv().chunk_id, front.recv().chunk_id} == {"f:waits", "f:at-once"}
+
+
+def test_an_idle_broker_sleeps_between_its_heartbeats():
+    """Waiting for its next heartbeat, the broker sleeps the whole time: it does not poll without sleeping
+    through the last millisecond before each one (a busy loop of a tenth of a core at this interval)."""
+    cluster = Cluster(workers=0, heartbeat_interval_s=0.01)
+    broker_process = cluster.start_broker()
+    ctx = zmq.Context()
+    try:
+        wait_workers(Peer(ctx, cluster.frontend_endpoint, b"front"), 0)  # it is up
+        time.sleep(0.5)
+        assert broker_process.popen is not None
+        started = cpu_seconds(broker_process.popen.pid)
+        time.sleep(2.0)
+        share = (cpu_seconds(broker_process.popen.pid) - started) / 2.0
+        assert share < 0.05, f"the idle broker took {share:.1%} of a core"
+    finally:
+        ctx.destroy(linger=0)
+        cluster.stop()
