@@ -20,7 +20,8 @@ if [ -z "${SKIP_CAPACITY:-}" ]; then
     --seconds 3 --out "$WORK/broker_capacity.json" > "$WORK/broker_capacity.log" 2>&1
   grep "^|" "$WORK/broker_capacity.log" | tail -n 8 | tee -a "$log" || tail -n 5 "$WORK/broker_capacity.log"
   echo "## frontend processes" | tee -a "$log"
-  timeout 150 python3 -m quiver.bench.frontend_scaling --processes 1,2,4,8 --clients 4 --connections 16 --seconds 5 \
+  ckpt=$(python3 -m quiver.bench.stand_ins --root "$WORK/ab-work" --device cpu pplx-embed-0.6b-shape | tail -n 1)
+  timeout 150 python3 -m quiver.bench.frontend_scaling --model "$ckpt" --processes 1,2,4,8 --clients 4 --connections 16 --seconds 5 \
     --out "$WORK/frontend_scaling" > "$WORK/frontend_scaling.log" 2>&1
   grep "^|" "$WORK/frontend_scaling.log" | tail -n 4 | tee -a "$log" || tail -n 5 "$WORK/frontend_scaling.log"
 fi
