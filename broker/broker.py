@@ -33,6 +33,7 @@ from quiver.broker import metrics
 from quiver.broker.dispatch import Dispatcher, PendingChunk, QueueFull, WorkerState
 from quiver.broker.model_guard import ModelGuard
 from quiver.common.config import BrokerSettings
+from quiver.common.heap import freeze_startup_heap
 from quiver.common.metrics import Children
 from quiver.common.protocol import (
     PROTOCOL_VERSION, Cancel, Disconnect, Error, ErrorCode, Heartbeat, Message, MsgType, ProtocolError, Ready,
@@ -52,6 +53,8 @@ MAX_MESSAGES_PER_TURN = 1000
 GAUGE_INTERVAL_S = 0.05
 # Allocations between collections of the youngest generation (Python's default: 700).
 GC_YOUNG_THRESHOLD = 7000
+
+
 class Broker:
     def __init__(self, settings: BrokerSettings, ctx: zmq.Context | None = None) -> None:
         self.settings = settings
@@ -495,7 +498,7 @@ def run_broker(settings: BrokerSettings) -> int:
     metrics.loop_tick.watchdog = sdnotify.Watchdog.from_environment()
     # The loop makes short-lived objects and no reference cycles: what start-up made is set aside, never
     # rescanned, and the youngest generation is collected a tenth as often.
-    gc.freeze()
+    freeze_startup_heap()
     gc.set_threshold(GC_YOUNG_THRESHOLD)
     sdnotify.ready(f"frontends on {settings.frontend_endpoint}, workers on {settings.worker_endpoint}")
     broker.run()
