@@ -37,6 +37,9 @@ MAX_SECRET_CHARS = 256
 MAX_RESULT_DIM = 1 << 20
 MAX_TEXT_CHARS = 4096
 MAX_TRACEPARENT_CHARS = 128  # W3C traceparent: 55 characters in version 00, room for later versions' fields
+MAX_SECONDS = 1e9  # any duration a header carries
+MAX_TIMEOUT_S = 86_400.0  # a chunk's timeout
+MAX_ATTEMPT = 1000  # a chunk's dispatch attempts
 # The largest frame any message carries: every socket refuses (disconnects) a peer sending more.
 MAX_FRAME_BYTES = max(MAX_ARRAY_BYTES, MAX_HEADER_BYTES)
 
@@ -99,7 +102,7 @@ def _check_int(name: str, value: Any, low: int = 0, high: int = 2**62) -> None:
         raise ProtocolError(f"field {name!r} must be an integer in [{low}, {high}]")
 
 
-def _check_float(name: str, value: Any, low: float = 0.0, high: float = 1e9) -> None:
+def _check_float(name: str, value: Any, low: float = 0.0, high: float = MAX_SECONDS) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= float(value) <= high:
         raise ProtocolError(f"field {name!r} must be a number in [{low}, {high}]")
 
@@ -307,8 +310,8 @@ class Chunk(Message):
                 and type(num_seqs) is int and 1 <= num_seqs <= MAX_SEQS_PER_CHUNK
                 and type(num_tokens) is int and 1 <= num_tokens <= MAX_ARRAY_BYTES // 4
                 and type(get("normalize")) is bool and type(get("has_token_types", False)) is bool
-                and type(timeout_s) is float and 0.0 <= timeout_s <= 86_400.0
-                and type(attempt) is int and 0 <= attempt <= 1000
+                and type(timeout_s) is float and 0.0 <= timeout_s <= MAX_TIMEOUT_S
+                and type(attempt) is int and 0 <= attempt <= MAX_ATTEMPT
                 and type(model) is str and len(model) <= MAX_ID_CHARS
                 and type(trace) is str and len(trace) <= MAX_TRACEPARENT_CHARS
                 and type(priority) is int and PRIORITY_ONLINE <= priority <= PRIORITY_BACKGROUND):
@@ -319,9 +322,9 @@ class Chunk(Message):
         _check_int("num_seqs", h.get("num_seqs"), 1, MAX_SEQS_PER_CHUNK)
         _check_int("num_tokens", h.get("num_tokens"), 1, MAX_ARRAY_BYTES // 4)
         _check_bool("normalize", h.get("normalize"))
-        _check_float("timeout_s", h.get("timeout_s"), 0.0, 86_400.0)
+        _check_float("timeout_s", h.get("timeout_s"), 0.0, MAX_TIMEOUT_S)
         _check_bool("has_token_types", h.get("has_token_types", False))
-        _check_int("attempt", h.get("attempt", 0), 0, 1000)
+        _check_int("attempt", h.get("attempt", 0), 0, MAX_ATTEMPT)
         _check_str("model", h.get("model", ""))
         _check_str("traceparent", h.get("traceparent", ""), MAX_TRACEPARENT_CHARS)
         _check_int("priority", h.get("priority", PRIORITY_ONLINE), PRIORITY_ONLINE, PRIORITY_BACKGROUND)
@@ -416,8 +419,8 @@ class Result(Message):
         if (type(chunk_id) is str and len(chunk_id) <= MAX_ID_CHARS
                 and type(num_seqs) is int and 1 <= num_seqs <= MAX_SEQS_PER_CHUNK
                 and type(dim) is int and 1 <= dim <= MAX_RESULT_DIM and get("dtype", "float32") in RESULT_DTYPES
-                and type(queue_s) is float and 0.0 <= queue_s <= 1e9
-                and type(inference_s) is float and 0.0 <= inference_s <= 1e9
+                and type(queue_s) is float and 0.0 <= queue_s <= MAX_SECONDS
+                and type(inference_s) is float and 0.0 <= inference_s <= MAX_SECONDS
                 and type(worker) is str and len(worker) <= MAX_ID_CHARS
                 and get("nnz") is None and get("num_rows") is None):
             return
