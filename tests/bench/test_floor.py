@@ -4,9 +4,12 @@ pyzmq, a real uvicorn server, and a real `quiver serve`; checked for the table's
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+from quiver.bench.floor import _cpu_now
 
 
 def test_floor_quick_prints_the_floor_and_quivers_overhead(tmp_path: Path) -> None:
@@ -32,3 +35,11 @@ def test_floor_quick_prints_the_floor_and_quivers_overhead(tmp_path: Path) -> No
     assert result["floor_p50_by_length"] == {"128": result["floor_p50"]}
     assert "| floor at 128 tokens: pyzmq blocking (no hand-off) + Starlette |" in table
     assert table.count("\n| 128 |") == 1 and "overhead / floor" in table
+
+
+def test_cpu_of_processes_skips_one_that_ended():
+    """A server's helper process (a compiler worker, say) may end while the server is measured."""
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    seconds = _cpu_now([os.getpid(), ended.pid])
+    assert list(seconds) == [os.getpid()] and seconds[os.getpid()] > 0
