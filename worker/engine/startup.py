@@ -288,7 +288,7 @@ def survey_attention(engine: Engine) -> None:
     spec, dev = engine.model.attention_spec, engine.device
     budget = engine.info.max_batch_tokens
     limit = min(budget, engine.info.model.max_input_length)
-    for rows, length in ((1, 128), (1, 512), (1, 4096), (16, 512), (8, 1024)):
+    for rows, length in ((1, 128), (1, 512), (1, 4096), (16, 512), (8, 1024), (32, 512), (4, 4096)):
         if rows * length <= budget and length <= limit:
             engine.selector.choose(context_for_lens([length] * rows, spec, dev, dense=True))
     for rows, longest in RAGGED_SURVEY:

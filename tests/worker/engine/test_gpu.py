@@ -255,3 +255,16 @@ def test_batches_above_the_largest_bucket_run_eagerly(tmp_path: Path) -> None:
     stats = engine.stats()
     assert stats["eager_steps"] == 3 and stats["captures"] == captured and stats["replays"] == 0, stats
     np.testing.assert_allclose(rows[0], engine.run_eager(batch), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("family_name", ["qwen3_bidirectional_mean", "qwen3_causal_last", "bert_mean"])
+def test_equal_rows_above_the_graphs_run_dense_and_match_each_row_alone(family_name: str, tmp_path: Path) -> None:
+    family = next(f for f in FAMILIES if f.name == family_name)
+    path, _ = write_family(family, tmp_path)
+    engine = load_engine(path, device="cuda", max_batch_tokens=2048, max_batch_seqs=16, graph_max_tokens=256)
+    rng = np.random.default_rng(12)
+    sequences = [rng.integers(4, 90, size=100, dtype=np.int32) for _ in range(12)]  # 1,200 tokens: eager
+    together = engine.step(_batch(sequences, [True] * 12)).wait()
+    alone = np.concatenate([engine.step(_batch([s], [True])).wait() for s in sequences])
+    assert engine.stats()["eager_steps"] >= 1
+    assert _cosines(together, alone).min() > 0.999

@@ -30,7 +30,8 @@ def test_plan_shape_classes_dense_and_eager() -> None:
     assert plan_shape(np.array([4096], dtype=np.int32), PPLX_LIMITS) == StepShape(1, 4096, 4096, 4096, True)
     assert plan_shape(np.array([4000], dtype=np.int32), PPLX_LIMITS) == StepShape(2, 4096, 4096, 0, True)
     assert plan_shape(np.array([128], dtype=np.int32), PPLX_LIMITS) == StepShape(1, 128, 128, 128, True)
-    assert plan_shape(np.array([3000, 3000, 3000], dtype=np.int32), PPLX_LIMITS) == StepShape(3, 9000, 3000, 0, False)
+    assert plan_shape(np.array([3000, 3000, 3000], dtype=np.int32), PPLX_LIMITS) == StepShape(3, 9000, 3000, 3000, False)
+    assert plan_shape(np.array([3000, 2999, 3000], dtype=np.int32), PPLX_LIMITS) == StepShape(3, 8999, 3000, 0, False)
     assert plan_shape(np.array([100, 30], dtype=np.int32), NO_GRAPHS) == StepShape(2, 130, 100, 0, False)
 
 

@@ -3,6 +3,9 @@
 - PaddedSdpa: scatter the ragged rows into [S, H, L, D], mask padded keys, run SDPA, gather back. Works
   on every device and dtype and inside CUDA graphs; the CPU path and the float32 GPU path.
 - TorchVarlen: torch.nn.attention.varlen.varlen_attn (FlashAttention-2 on ragged rows).
+- AtenFlashVarlen: the same FlashAttention-2 kernel called as aten's op, which takes fewer key/value
+  heads than query heads (GQA) where varlen_attn of some releases does not: repeating K and V for it
+  cost Qwen3 5 of 37 ms at 32 x 512 tokens on an H200 (bench/RESULTS.md, 2026-12-03).
 - FlashAttnVarlen: flash_attn.flash_attn_varlen_func, when the flash-attn package is installed.
 - DenseSdpa: SDPA on [S, H, L, D] views, for steps whose rows all have one length (one sequence, or
   equal lengths); pinned to one SDPA kernel, e.g. cuDNN.
@@ -99,6 +102,25 @@ class TorchVarlen:
         return cast(torch.Tensor, self._fn(q, k, v, cu, cu, ctx.max_seqlen, ctx.max_seqlen, **kwargs))
 
 
+class AtenFlashVarlen:
+    """FlashAttention-2 on ragged rows through torch.ops.aten._flash_attention_forward; GQA native."""
+
+    name = "aten_flash_varlen"
+
+    def __init__(self) -> None:
+        self._fn = torch.ops.aten._flash_attention_forward
+
+    def supports(self, ctx: AttentionContext, dtype: torch.dtype) -> bool:
+        return (dtype in _HALF_TYPES and ctx.cu_seqlens.device.type == "cuda"
+                and ctx.spec.num_heads % ctx.spec.num_kv_heads == 0)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        cu = ctx.cu_seqlens
+        out = self._fn(q, k, v, cu, cu, ctx.max_seqlen, ctx.max_seqlen, 0.0, ctx.spec.causal, False,
+                       scale=ctx.spec.scale)
+        return cast(torch.Tensor, out[0])
+
+
 class FlashAttnVarlen:
     name = "flash_attn_varlen"
 
@@ -158,6 +180,7 @@ def available_backends(device: torch.device) -> list[Any]:
         backends += [TorchVarlen(), TorchVarlen(expand_kv=True)]
     except ImportError:
         pass
+    backends.append(AtenFlashVarlen())
     for kernel, label in ((SDPBackend.CUDNN_ATTENTION, "cudnn"), (SDPBackend.FLASH_ATTENTION, "flash")):
         backends += [DenseSdpa(kernel, label, expand_kv=False), DenseSdpa(kernel, label, expand_kv=True)]
     backends.append(PaddedSdpa())
