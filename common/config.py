@@ -158,6 +158,9 @@ class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     batch_file_ttl_s: int = option(30 * 86400, "bulk jobs: seconds before a file (input, output, errors) is deleted")
     batch_inflight_tokens: int = option(65536, "bulk jobs: tokens the batch runner keeps in flight at most")
     batch_run_tokens: int = option(4096, "bulk jobs: tokens in one pipeline run of the batch runner")
+    batch_runner: str = option("process", "bulk jobs: where the batch runner works: process (a child process, "
+                                          "off the event loop of online requests) or inline (on that loop)",
+                               choices=("process", "inline"))
     otlp_endpoint: str = option("", "OpenTelemetry: send traces as OTLP/HTTP protobuf to this collector, e.g. "
                                     "http://localhost:4318 (POST .../v1/traces; needs the otel extra; default: off)")
     otlp_service_name: str = option("", "OpenTelemetry: service.name of the traces (default: quiver-frontend for "

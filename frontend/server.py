@@ -73,8 +73,8 @@ class _Server(uvicorn.Server):
 
 def _metrics_directory(processes: int) -> str | None:
     """Prometheus's multiprocess directory: the one PROMETHEUS_MULTIPROC_DIR names (made if missing,
-    emptied of a past run's files), else a new temporary one for several HTTP processes, which is
-    returned so that it is removed at the end. Runs before prometheus_client is imported."""
+    emptied of a past run's files), else a new temporary one when several processes record metrics,
+    which is returned so that it is removed at the end. Runs before prometheus_client is imported."""
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if path:
         os.makedirs(path, exist_ok=True)
@@ -94,7 +94,8 @@ def run_frontend(settings: FrontendSettings) -> int:
         return EXIT_USAGE
     if settings.tokenizer_threads > 0:
         os.environ["RAYON_NUM_THREADS"] = str(settings.tokenizer_threads)
-    made = _metrics_directory(settings.http_processes)
+    # The Batch API's runner process (--batch-runner process) records metrics beside the HTTP processes.
+    made = _metrics_directory(settings.http_processes + (settings.batch_runner == "process"))
     from quiver.frontend.app import create_app
     from quiver.frontend.connections import GuardedHttpToolsProtocol
 

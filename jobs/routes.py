@@ -1,6 +1,7 @@
 """OpenAI's Files and Batch APIs on the frontend: upload a JSONL of requests, run it as a batch, fetch the output.
 
-`BatchAPI(service, settings)` owns the store and the runner; its `routes` are route-table entries
+`BatchAPI(service, settings)` owns the store and the runner (in a child process, jobs/runner_process.py,
+or with --batch-runner inline on this process's event loop); its `routes` are route-table entries
 (frontend.http.RouteSpec) that the app builds like its own, through the same prologue (Host, API key,
 errors in OpenAI's format, metrics), and `start()` / `stop()` belong in the app's lifespan. The
 frontend finds it through the `quiver.frontend_extensions` entry point, so it never imports this
@@ -14,6 +15,7 @@ import logging
 import os
 import re
 import sqlite3
+import subprocess
 from pathlib import Path
 from typing import IO, Any
 
@@ -29,7 +31,8 @@ from quiver.frontend.errors import OPENAI
 from quiver.frontend.http import Call, Handler, RouteSpec, json_response
 from quiver.frontend.service import Service
 from quiver.jobs.lines import EMBEDDINGS, ENDPOINTS
-from quiver.jobs.runner import Runner, RunnerLimits
+from quiver.jobs import runner_process
+from quiver.jobs.runner import Runner
 from quiver.jobs.store import AsyncStore, new_id, owner_of
 
 log = logging.getLogger("quiver.jobs")
@@ -38,6 +41,7 @@ FORM_SLACK_BYTES = 64 * 1024  # multipart headers and small fields around the fi
 WINDOW = re.compile(r"^(\d{1,4})h$")
 MAX_LIST_LIMIT = 100
 PART_LINES = 256
+RUNNER_CHECK_S = 1.0  # how often a frontend checks that its batch runner process is alive
 # (path, method, summary) of every route, in the order of BatchAPI._handlers
 ROUTES = (("/v1/files", "POST", "Upload a batch input file (OpenAI-compatible, multipart)"),
           ("/v1/files/{file_id}", "GET", "A file's object"),
@@ -109,9 +113,11 @@ class BatchAPI:
             self.routes = [_route(path, method, summary, _on_request(self.refuse)) for path, method, summary in ROUTES]
             return
         self.broken = ""
-        self.runner = Runner(service, self.store, RunnerLimits(
-            inflight_tokens=settings.batch_inflight_tokens, run_tokens=settings.batch_run_tokens,
-            part_lines=PART_LINES, max_lines=settings.batch_max_lines, file_ttl_s=settings.batch_file_ttl_s))
+        self.runner: Runner | None = None
+        self.runner_process: subprocess.Popen | None = None
+        self._watcher: asyncio.Future | None = None
+        if settings.batch_runner == "inline":
+            self.runner = Runner(service, self.store, runner_process.limits_of(settings, PART_LINES))
         self.routes = [_route(path, method, summary, handler)
                        for (path, method, summary), handler in zip(ROUTES, self._handlers())]
 
@@ -121,13 +127,35 @@ class BatchAPI:
                 _on_request(self.get_batch), _on_request(self.cancel_batch)]
 
     def start(self) -> None:
-        if not self.broken:
+        if self.broken:
+            return
+        if self.runner is not None:
             self.runner.start()
+        else:
+            self.runner_process = runner_process.spawn(self.settings)
+            self._watcher = asyncio.ensure_future(self._keep_runner_process())
 
     async def stop(self) -> None:
-        if not self.broken:
+        if self.broken:
+            return
+        if self.runner is not None:
             await self.runner.stop()
-            self.store.close()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+        if self.runner_process is not None:
+            await runner_process.stop(self.runner_process)
+        self.store.close()
+
+    async def _keep_runner_process(self) -> None:
+        """Start the runner process again if it exits while this frontend serves (batches would stall)."""
+        while True:
+            await asyncio.sleep(RUNNER_CHECK_S)
+            assert self.runner_process is not None
+            code = self.runner_process.poll()
+            if code is not None:
+                log.error("the batch runner process exited with code %s; starting it again", code)
+                self.runner_process = runner_process.spawn(self.settings)
 
     async def refuse(self, request: Request) -> Response:
         raise APIError("unavailable", self.broken)
