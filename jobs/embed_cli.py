@@ -1,4 +1,4 @@
-"""`quiver embed`'s work: read the texts, send them in batches, commit parts, assemble the output."""
+"""`quiver embed`'s work: read the texts, send them in batches, commit parts, append them to the output."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from quiver.jobs.embed_command import ENCODING_NAMES
-from quiver.jobs.embed_io import Part, PartStore, assemble, count_records, input_format, read_records
+from quiver.jobs.embed_io import OutputWriter, Part, PartStore, count_records, input_format, read_records
 
 ENCODINGS = dict(zip(ENCODING_NAMES, (np.float32, np.int8, np.int8, np.uint8)))
 RETRIES = 8
@@ -74,14 +74,30 @@ class Job:
 
     async def run(self) -> tuple[int, int, float, float]:
         """(vectors written, failures, seconds in all, seconds from the first request to the last commit)"""
-        import httpx
-        from tqdm import tqdm
-
         started = time.monotonic()
         count = count_records(self.args.input, self.fmt)
         done = self.parts.begin(self._describe(), self.args.resume)
         size = self.args.part_size
         already = sum(min(size, count - i * size) for i in done if i * size < count)
+        self.output = OutputWriter(self.args.output, self.output_format, count, size)
+        first_new = min(set(range(self.output.part_count)) - done, default=self.output.part_count)
+        self.appending: asyncio.Future[None] = asyncio.ensure_future(
+            asyncio.to_thread(self.output.append_committed, self.parts, first_new))
+        try:
+            embedding_s = await self._embed_parts(count, done, already)
+            await self.appending
+            rows, failures = await asyncio.to_thread(self._finish)
+        except BaseException:
+            await asyncio.gather(self.appending, return_exceptions=True)
+            self.output.discard()
+            raise
+        return rows, failures, time.monotonic() - started, embedding_s
+
+    async def _embed_parts(self, count: int, done: set[int], already: int) -> float:
+        """Embed and commit every part not yet done; the seconds from the first request to the last commit."""
+        import httpx
+        from tqdm import tqdm
+
         headers = {"X-Quiver-Priority": self.args.priority}
         if self.args.api_key:
             headers["Authorization"] = f"Bearer {self.args.api_key}"
@@ -102,16 +118,31 @@ class Job:
                     for _, work in pending:
                         work.cancel()
                     await asyncio.gather(*(work for _, work in pending), return_exceptions=True)
-                embedding_s = time.monotonic() - embedding_started
-        rows, failures = await asyncio.to_thread(assemble, self.parts, count, size, self.args.output, self.output_format)
-        shutil.rmtree(self.parts.dir)  # the output holds everything now
-        return rows, failures, time.monotonic() - started, embedding_s
+                return time.monotonic() - embedding_started
 
     async def _commit(self, item: tuple[int, asyncio.Future], bar: Any) -> None:
+        """Commit a part and append it to the output, both in threads; the append is awaited at the next commit.
+
+        Appending before the commit is durable is safe: OUTPUT.tmp is rewritten from the committed parts on resume.
+        """
         index, work = item
         part: Part = await work
+        await self.appending  # the part before's: done long ago, unless writing is slower than embedding
+        self.appending = asyncio.ensure_future(asyncio.to_thread(self._append, part))
         await asyncio.to_thread(self.parts.commit, part)
         bar.update(len(part.ids) + len(part.failures))
+
+    def _append(self, part: Part) -> None:
+        self.output.append_committed(self.parts, part.index)  # any committed part before it not yet in
+        self.output.append(part)
+
+    def _finish(self) -> tuple[int, int]:
+        """Once the last append is done: any committed parts left (all, when a resumed job had none to embed),
+        then the output made final and the parts removed, as the output holds everything now."""
+        self.output.append_committed(self.parts, self.output.part_count)
+        written = self.output.finish()
+        shutil.rmtree(self.parts.dir)
+        return written
 
     def _parts(self, done: set[int]) -> Iterator[tuple[int, list[tuple[int, str, object]]]]:
         size, records = self.args.part_size, []

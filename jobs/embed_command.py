@@ -7,7 +7,8 @@
 Inputs: JSONL (a field), CSV (a column), Parquet (a column) or plain text (one text per line). Output:
 Parquet with columns id and vector (float32, or the server's int8 / binary / ubinary encodings), or
 .npy with the vectors and OUTPUT.ids.npy beside it, in input order. Work is committed in parts under
-OUTPUT.parts/; a text the server refuses is written to OUTPUT.failed.jsonl and the job goes on.
+OUTPUT.parts/ and written to OUTPUT.tmp as it goes, renamed to OUTPUT at the end; a text the server
+refuses is written to OUTPUT.failed.jsonl and the job goes on.
 """
 
 from __future__ import annotations
