@@ -229,6 +229,10 @@ class BrokerClient:
                 self._on_message(message)
             except Exception:  # stopping here would leave the rest unread: the descriptor is edge-triggered
                 log.exception("failed to handle a %s from the broker", type(message).__name__)
+            # Nothing more waiting (the usual case): reading EVENTS says so for less than the zmq.Again
+            # another receive would raise.
+            if not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
+                return
         self._receive_soon()
 
     def _on_message(self, message: object) -> None:

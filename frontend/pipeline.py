@@ -157,11 +157,14 @@ class Pipeline:
     def _chunks(self, seqs: RaggedIds, task: str, normalize: bool, timeout_s: float) -> list[Chunk]:
         traceparent = current_traceparent()
         priority = CURRENT_PRIORITY.get()
+        ranges = split_ranges(seqs.seq_lens, self.settings.max_chunk_tokens, self.settings.max_chunk_seqs)
+        # A request that fits one chunk is sent as it is: slicing it would sum its offsets for nothing.
+        parts = [seqs] if len(ranges) == 1 else [seqs.rows(start, end) for start, end in ranges]
         return [
-            Chunk.from_ids(seqs.rows(start, end), chunk_id=self.client.new_chunk_id(), task=task,
-                           normalize=normalize, timeout_s=timeout_s, priority=priority,
-                           model=self.model_fingerprint, traceparent=traceparent)
-            for start, end in split_ranges(seqs.seq_lens, self.settings.max_chunk_tokens, self.settings.max_chunk_seqs)
+            Chunk.from_ids(part, chunk_id=self.client.new_chunk_id(), task=task, normalize=normalize,
+                           timeout_s=timeout_s, priority=priority, model=self.model_fingerprint,
+                           traceparent=traceparent)
+            for part in parts
         ]
 
     async def _run_chunks(self, seqs: RaggedIds, task: str, normalize: bool, timings: Timings) -> list[Result]:

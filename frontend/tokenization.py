@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Literal, TypeVar, Union
+from typing import Callable, Literal, Sequence, TypeVar, Union
 
 import numpy as np
 import orjson
@@ -36,6 +37,8 @@ from quiver.frontend.tracing import record_tokenization
 THREAD_THRESHOLD_CHARS = 4096
 ON_LOOP_CHARS = 512
 BACKGROUND_POOL_THREADS = 2
+# Up to this many ids a request's rows are checked by small_ragged (see there); past it by RaggedIds.validate.
+SMALL_IDS = 2048
 
 # Who the event loop serves when tokenization work comes: a lone online request, online requests beside
 # others, or background work.
@@ -58,6 +61,32 @@ T = TypeVar("T")
 
 def _normalise_direction(direction: str) -> str:
     return direction.lower()
+
+
+def small_ragged(rows: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None,
+                 limits: RaggedLimits) -> RaggedIds | None:
+    """`rows` (with their segment ids `types`) as int32 ragged ids when they hold at most SMALL_IDS ids and
+    pass every check RaggedIds.validate makes under `limits`; None otherwise, and the caller takes the full
+    path, which names the failure. The lengths are checked as a Python list and the ids with one numpy
+    reduction instead of validate's five: at batch-1 sizes each reduction's fixed cost is what counts."""
+    lens = list(map(len, rows))
+    if not lens or (limits.max_rows is not None and len(lens) > limits.max_rows) or limits.type_vocab_size is not None:
+        return None
+    total = sum(lens)
+    if total > SMALL_IDS or min(lens) < 1 or (limits.max_length is not None and max(lens) > limits.max_length):
+        return None
+    if types is not None and list(map(len, types)) != lens:
+        return None
+    try:
+        ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=total)
+        token_types = None if types is None else np.fromiter(itertools.chain.from_iterable(types), dtype=np.int32,
+                                                             count=total)
+    except OverflowError:  # a number beyond int64 (or a segment id beyond int32)
+        return None
+    # Seen as unsigned, a negative id is larger than any vocabulary: one reduction checks both bounds.
+    if limits.vocab_size is not None and int(ids.view(np.uint64).max()) >= limits.vocab_size:
+        return None
+    return RaggedIds(ids.astype(np.int32), np.array(lens, dtype=np.int32), token_types)
 
 
 def _cut(ids: list[int], limit: int, direction: str) -> list[int]:
@@ -85,6 +114,7 @@ class TextTokenizer:
             self.truncating[direction] = tok
         self._fixed: dict[str, list[int]] = {}
         self.limits = RaggedLimits(vocab_size=info.vocab_size, max_length=self.max_length)
+        self.vocabulary_limits = RaggedLimits(vocab_size=info.vocab_size)  # what ids checked before truncation meet
 
     def close(self) -> None:
         """Stop both pools, dropping work not yet started."""
@@ -114,8 +144,8 @@ class TextTokenizer:
         """Texts, or (a, b) pairs in the tokenizer's pair template; segment ids when with_types. Errors
         name an input by its index plus first_row (the request's index of texts[0])."""
         encodings = self._pick(truncate, direction).encode_batch(texts, add_special_tokens=True)
-        seqs = RaggedIds.from_lists([e.ids for e in encodings], [e.type_ids for e in encodings] if with_types else None)
-        return self._checked(seqs, param, first_row=first_row)
+        return self._ragged([e.ids for e in encodings], [e.type_ids for e in encodings] if with_types else None,
+                            param, first_row)
 
     async def encode(self, texts: list[TextInput], truncate: bool, direction: str, param: str = "input",
                      with_types: bool = False, first_row: int = 0) -> RaggedIds:
@@ -131,12 +161,19 @@ class TextTokenizer:
         for body in self.plain.encode_batch(bodies, add_special_tokens=True):
             middle = _cut(body.ids, room, direction) if truncate and len(body.ids) > room else body.ids
             ids.append(head + middle + tail)
-        return self._checked(RaggedIds.from_lists(ids), param, first_row=first_row)
+        return self._ragged(ids, None, param, first_row)
 
     async def encode_prompts(self, prefix: str, bodies: list[str], suffix: str, truncate: bool, direction: str,
                              param: str, first_row: int = 0) -> RaggedIds:
         return await self.off_loop(sum(len(b) for b in bodies), lambda: self.encode_prompts_sync(
             prefix, bodies, suffix, truncate, direction, param, first_row))
+
+    def _ragged(self, rows: list[list[int]], types: list[list[int]] | None, param: str, first_row: int) -> RaggedIds:
+        """Tokenized rows (and segment ids) as int32 ragged ids within the model's limits, or the APIError
+        that says why not (see _checked)."""
+        small = small_ragged(rows, types, self.limits)
+        return small if small is not None else self._checked(RaggedIds.from_lists(rows, types), param,
+                                                             first_row=first_row)
 
     def _checked(self, seqs: RaggedIds, param: str, limits: RaggedLimits | None = None,
                  empty: str = "has no tokens", first_row: int = 0) -> RaggedIds:
@@ -177,12 +214,17 @@ class TextTokenizer:
     def check_ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> RaggedIds:
         """Token-id inputs, taken as they are (no special tokens added), checked whole, then truncated."""
         vocab = self.info.vocab_size
+        limits = self.vocabulary_limits if truncate else self.limits
+        small = small_ragged(seqs, None, limits)
+        if small is not None:
+            if truncate and any(len(seq) > self.max_length for seq in seqs):
+                small = small.truncated(self.max_length, _normalise_direction(direction))
+            return small
         try:
             ids = RaggedIds.from_lists(seqs, dtype=np.int64)
         except OverflowError as exc:  # an id beyond int64, e.g. 2**63: out of any vocabulary
             index, bad = next((i, x) for i, seq in enumerate(seqs) for x in seq if not 0 <= x < vocab)
             raise self._out_of_vocabulary(index, bad, param) from exc
-        limits = RaggedLimits(vocab_size=vocab) if truncate else self.limits
         ids = self._checked(ids, param, limits, empty="is an empty list of token ids")
         if truncate:
             ids = ids.truncated(self.max_length, _normalise_direction(direction))
