@@ -21,7 +21,7 @@ from quiver.common.config import FrontendSettings
 from quiver.common.security import client_from
 from quiver.common.tracing import Tracing
 from quiver.frontend.errors import OPENAI, TEI, APIError, render
-from quiver.frontend.http import RouteSpec, endpoint
+from quiver.frontend.http import RouteApp, RouteSpec, endpoint
 from quiver.frontend.openapi import build_openapi
 from quiver.frontend.models import build_registry
 from quiver.frontend.routes import ROUTES
@@ -61,7 +61,8 @@ def create_app(settings: FrontendSettings) -> Starlette:
     extensions = load_extensions(service, settings)
     specs = ROUTES + tuple(spec for extension in extensions for spec in extension.routes)
     tracer = request_tracer(settings)
-    routes = [Route(spec.path, endpoint(spec, registry, settings, tracer), methods=[spec.method]) for spec in specs]
+    routes = [Route(spec.path, RouteApp(endpoint(spec, registry, settings, tracer)), methods=[spec.method])
+              for spec in specs]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

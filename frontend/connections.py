@@ -12,6 +12,8 @@ protocol with three more rules, each cut counted in quiver_frontend_connections_
 - a process holds at most max_connections connections; one over is closed as it opens.
 
 The body's own deadline (body_timeout_s, 408) is enforced where the body is read (frontend/http.py).
+
+It also sends a response's head and body in one write (see HeadHoldingTransport).
 """
 
 from __future__ import annotations
@@ -33,6 +35,43 @@ class HeadersTooLarge(Exception):
     """The request line and headers passed max_header_bytes."""
 
 
+class HeadHoldingTransport:
+    """A connection's transport that holds back the first write after a request's headers arrive (the
+    response's status line and headers) until the next write, or at the latest the end of this turn of
+    the event loop. uvicorn writes a response's head and its body separately: joined, they leave in one
+    send instead of two, and reach the client as one TCP segment. Everything else is the transport's."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self.hold_next = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._held is not None:
+            data, self._held = self._held + data, None
+        elif self.hold_next:
+            self.hold_next = False
+            self._held = bytes(data)
+            self._loop.call_soon(self.flush)
+            return
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        """Write what is held, if anything (dropped when the connection is already closing)."""
+        if self._held is not None:
+            held, self._held = self._held, None
+            if not self._transport.is_closing():
+                self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     header_timeout_s = 10.0
     max_header_bytes = 65536
@@ -52,7 +91,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._reading_headers = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        self._head_holding = HeadHoldingTransport(transport, self.loop)
+        super().connection_made(self._head_holding)  # type: ignore[arg-type]
         if len(self.connections) > self.max_connections:
             self._cut("too_many_connections")
             return
@@ -103,6 +143,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._reading_headers = False
         self._stop_deadline()
+        self._head_holding.hold_next = True
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
