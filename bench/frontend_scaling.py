@@ -128,7 +128,9 @@ def measure(processes: int, args: argparse.Namespace, model: str, dim: int, brok
     with open(log_dir / f"frontend-{processes}.log", "ab") as log:
         frontend = subprocess.Popen(
             [sys.executable, "-m", "quiver", "frontend", "--broker", broker_endpoint, "--port", str(port),
-             "--model", model, "--http-processes", str(processes), "--log-level", "warning", *args.frontend_args.split()],
+             "--model", model, "--http-processes", str(processes), "--log-level", "warning",
+             "--batch-runner", "inline",  # no runner process to count among the HTTP processes; it idles
+             *args.frontend_args.split()],
             stdout=log, stderr=subprocess.STDOUT, env=env)
     mp = multiprocessing.get_context("spawn")
     ready, go, reports = mp.Queue(), mp.Event(), mp.Queue()
