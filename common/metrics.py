@@ -300,8 +300,8 @@ def contract_markdown() -> str:
         "Every worker sample also carries `worker` (its name), `device` (e.g. `cuda:0`) and `model` (the name",
         "its model is served under, as the frontend's `model` label names it); Prometheus adds",
         "`job`, `instance` and `role` (frontend, broker, worker) from `ops/prometheus/prometheus.yml`.",
-        "The frontend serves `/metrics` on its HTTP port (one consistent view over all its HTTP processes);",
-        "the broker and each worker on their own `--metrics-port`.",
+        "The frontend serves `/metrics` on its HTTP port (one consistent view over all its HTTP processes and",
+        "their batch runner processes); the broker and each worker on their own `--metrics-port`.",
     ]
     titles = {FRONTEND: "Frontend (`quiver frontend`, on its HTTP port)",
               BROKER: "Broker (`quiver broker --metrics-port`)",
