@@ -16,6 +16,7 @@ import os
 import re
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -42,6 +43,8 @@ WINDOW = re.compile(r"^(\d{1,4})h$")
 MAX_LIST_LIMIT = 100
 PART_LINES = 256
 RUNNER_CHECK_S = 1.0  # how often a frontend checks that its batch runner process is alive
+RUNNER_STABLE_S = 30.0  # a runner process that lived this long is started again at once when it exits ...
+RUNNER_MAX_WAIT_S = 30.0  # ... else after a wait that doubles up to this
 # (path, method, summary) of every route, in the order of BatchAPI._handlers
 ROUTES = (("/v1/files", "POST", "Upload a batch input file (OpenAI-compatible, multipart)"),
           ("/v1/files/{file_id}", "GET", "A file's object"),
@@ -148,14 +151,19 @@ class BatchAPI:
         self.store.close()
 
     async def _keep_runner_process(self) -> None:
-        """Start the runner process again if it exits while this frontend serves (batches would stall)."""
+        """Start the runner process again if it exits while this frontend serves (batches would stall);
+        one that keeps exiting soon after its start is started again less and less often."""
+        wait, started = RUNNER_CHECK_S, time.monotonic()
         while True:
             await asyncio.sleep(RUNNER_CHECK_S)
             assert self.runner_process is not None
             code = self.runner_process.poll()
-            if code is not None:
-                log.error("the batch runner process exited with code %s; starting it again", code)
-                self.runner_process = runner_process.spawn(self.settings)
+            if code is None:
+                continue
+            wait = RUNNER_CHECK_S if time.monotonic() - started > RUNNER_STABLE_S else min(2 * wait, RUNNER_MAX_WAIT_S)
+            log.error("the batch runner process exited with code %s; starting it again in %.0f s", code, wait)
+            await asyncio.sleep(wait)
+            self.runner_process, started = runner_process.spawn(self.settings), time.monotonic()
 
     async def refuse(self, request: Request) -> Response:
         raise APIError("unavailable", self.broken)
