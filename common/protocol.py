@@ -19,7 +19,7 @@ import enum
 import sys
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Collection, Sequence
 
 import msgpack
 import numpy as np
@@ -74,6 +74,9 @@ class ErrorCode(str, enum.Enum):
     INTERNAL = "internal"  # 500: the model failed
 
 
+ERROR_CODES = frozenset(code.value for code in ErrorCode)
+
+
 # Tasks a chunk asks of the worker; the model decides which it supports.
 TASK_EMBED = "embed"
 TASK_SCORE = "score"
@@ -95,6 +98,12 @@ PRIORITY_BACKGROUND = 1
 def _check_str(name: str, value: Any, limit: int = MAX_ID_CHARS) -> None:
     if not isinstance(value, str) or len(value) > limit:
         raise ProtocolError(f"field {name!r} must be a string of at most {limit} characters")
+
+
+def _check_choice(name: str, value: Any, choices: Collection[str]) -> None:
+    """`value` is one of `choices`, strings; a peer's list or map is refused, never hashed into a set or dict."""
+    if type(value) is not str or value not in choices:
+        raise ProtocolError(f"field {name!r} must be one of {sorted(choices)}")
 
 
 def _check_int(name: str, value: Any, low: int = 0, high: int = 2**62) -> None:
@@ -186,8 +195,7 @@ class Ready(Message):
         _check_str("device", h.get("device"))
         _check_int("capacity_tokens", h.get("capacity_tokens"), 1)
         _check_int("output_dim", h.get("output_dim"), 1, MAX_RESULT_DIM)
-        if h.get("output_dtype", "float32") not in RESULT_DTYPES:
-            raise ProtocolError(f"field 'output_dtype' must be one of {sorted(RESULT_DTYPES)}")
+        _check_choice("output_dtype", h.get("output_dtype", "float32"), RESULT_DTYPES)
         _check_str("fingerprint", h.get("fingerprint", ""))
         _check_str("secret", h.get("secret", ""), MAX_SECRET_CHARS)
         _check_int("pid", h.get("pid", 0))
@@ -317,8 +325,7 @@ class Chunk(Message):
                 and type(priority) is int and PRIORITY_ONLINE <= priority <= PRIORITY_BACKGROUND):
             return
         _check_str("chunk_id", h.get("chunk_id"))
-        if h.get("task") not in TASKS:
-            raise ProtocolError(f"field 'task' must be one of {TASKS}")
+        _check_choice("task", h.get("task"), TASKS)
         _check_int("num_seqs", h.get("num_seqs"), 1, MAX_SEQS_PER_CHUNK)
         _check_int("num_tokens", h.get("num_tokens"), 1, MAX_ARRAY_BYTES // 4)
         _check_bool("normalize", h.get("normalize"))
@@ -414,11 +421,12 @@ class Result(Message):
         # A dense result's header as msgpack decodes it, every field at once (as in Chunk.check); anything
         # else through the checks one by one.
         get = h.get
-        chunk_id, num_seqs, dim, worker = get("chunk_id"), get("num_seqs"), get("dim"), get("worker", "")
+        chunk_id, num_seqs, dim, dtype = get("chunk_id"), get("num_seqs"), get("dim"), get("dtype", "float32")
+        worker = get("worker", "")
         queue_s, inference_s = get("queue_s", 0.0), get("inference_s", 0.0)
         if (type(chunk_id) is str and len(chunk_id) <= MAX_ID_CHARS
                 and type(num_seqs) is int and 1 <= num_seqs <= MAX_SEQS_PER_CHUNK
-                and type(dim) is int and 1 <= dim <= MAX_RESULT_DIM and get("dtype", "float32") in RESULT_DTYPES
+                and type(dim) is int and 1 <= dim <= MAX_RESULT_DIM and type(dtype) is str and dtype in RESULT_DTYPES
                 and type(queue_s) is float and 0.0 <= queue_s <= MAX_SECONDS
                 and type(inference_s) is float and 0.0 <= inference_s <= MAX_SECONDS
                 and type(worker) is str and len(worker) <= MAX_ID_CHARS
@@ -427,8 +435,7 @@ class Result(Message):
         _check_str("chunk_id", h.get("chunk_id"))
         _check_int("num_seqs", h.get("num_seqs"), 1, MAX_SEQS_PER_CHUNK)
         _check_int("dim", h.get("dim"), 1, MAX_RESULT_DIM)
-        if h.get("dtype", "float32") not in RESULT_DTYPES:
-            raise ProtocolError(f"field 'dtype' must be one of {sorted(RESULT_DTYPES)}")
+        _check_choice("dtype", h.get("dtype", "float32"), RESULT_DTYPES)
         _check_float("queue_s", h.get("queue_s", 0.0))
         _check_float("inference_s", h.get("inference_s", 0.0))
         _check_str("worker", h.get("worker", ""))
@@ -495,8 +502,7 @@ class Error(Message):
     @classmethod
     def check(cls, h: dict[str, Any]) -> None:
         _check_str("chunk_id", h.get("chunk_id"))
-        if h.get("code") not in {c.value for c in ErrorCode}:
-            raise ProtocolError(f"field 'code' must be one of {[c.value for c in ErrorCode]}")
+        _check_choice("code", h.get("code"), ERROR_CODES)
         _check_str("message", h.get("message"), MAX_TEXT_CHARS)
         _check_str("worker", h.get("worker", ""))
 

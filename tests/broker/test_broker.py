@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import msgpack
 import numpy as np
 import pytest
 import zmq
@@ -167,6 +168,14 @@ def test_malformed_messages_do_not_hurt_the_broker(broker):
         front.sock.send_multipart(junk)
     worker = Peer(ctx, cluster.worker_endpoint, b"w")
     worker.sock.send_multipart([b"\x01", b"\x80"])
+    # Fields that must name one of a few strings, sent as a list or a map (unhashable where a set or a
+    # dict is asked whether it holds them): a READY's output_dtype, a RESULT's dtype, an ERROR's code.
+    ready = [bytes(f) for f in Ready(version=PROTOCOL_VERSION, name="w", model="m", device="cpu", capacity_tokens=1000,
+                                     output_dim=2, tasks=["embed"], pid=1).encode()]
+    worker.sock.send_multipart([ready[0], msgpack.packb({**msgpack.unpackb(ready[1]), "output_dtype": {"a": 1}})])
+    worker.sock.send_multipart([b"\x04", msgpack.packb({"chunk_id": "x", "num_seqs": 1, "dim": 2, "dtype": [1]}),
+                                b"\x00" * 8])
+    worker.sock.send_multipart([b"\x05", msgpack.packb({"chunk_id": "x", "code": ["internal"], "message": "m"})])
     worker.register("w")
     wait_workers(front, 1)
     assert cluster.broker.alive()

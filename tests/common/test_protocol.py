@@ -65,6 +65,9 @@ def test_chunk_and_result_arrays_travel_as_raw_frames():
     ([b"\x02", msgpack.packb({"live_workers": -1})], "live_workers"),
     ([b"\x02", msgpack.packb({"surprise": 1})], "unknown fields"),
     ([b"\x05", msgpack.packb({"chunk_id": "x", "code": "nope", "message": "m"})], "code"),
+    ([b"\x05", msgpack.packb({"chunk_id": "x", "code": ["internal"], "message": "m"})], "code"),
+    ([b"\x04", msgpack.packb({"chunk_id": "x", "num_seqs": 1, "dim": 2, "dtype": [1]}), b"\x00" * 8], "dtype"),
+    ([b"\x04", msgpack.packb({"chunk_id": "x", "num_seqs": 1, "dim": 2, "dtype": {"a": 1}}), b"\x00" * 8], "dtype"),
     ([b"\x02", b"\x80" + b" " * (MAX_HEADER_BYTES + 1)], "limit"),
     ([b"\x02", pickle.dumps({"live_workers": 1})], "msgpack"),
 ])
