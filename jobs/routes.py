@@ -33,7 +33,7 @@ from quiver.frontend.http import Call, Handler, RouteSpec, json_response
 from quiver.frontend.service import Service
 from quiver.jobs.lines import EMBEDDINGS, ENDPOINTS
 from quiver.jobs import runner_process
-from quiver.jobs.runner import Runner
+from quiver.jobs.runner import Runner, RunnerLimits
 from quiver.jobs.store import AsyncStore, new_id, owner_of
 
 log = logging.getLogger("quiver.jobs")
@@ -41,7 +41,6 @@ log = logging.getLogger("quiver.jobs")
 FORM_SLACK_BYTES = 64 * 1024  # multipart headers and small fields around the file
 WINDOW = re.compile(r"^(\d{1,4})h$")
 MAX_LIST_LIMIT = 100
-PART_LINES = 256
 RUNNER_CHECK_S = 1.0  # how often a frontend checks that its batch runner process is alive
 RUNNER_STABLE_S = 30.0  # a runner process that lived this long is started again at once when it exits ...
 RUNNER_MAX_WAIT_S = 30.0  # ... else after a wait that doubles up to this
@@ -120,7 +119,7 @@ class BatchAPI:
         self.runner_process: subprocess.Popen | None = None
         self._watcher: asyncio.Future | None = None
         if settings.batch_runner == "inline":
-            self.runner = Runner(service, self.store, runner_process.limits_of(settings, PART_LINES))
+            self.runner = Runner(service, self.store, RunnerLimits.from_settings(settings))
         self.routes = [_route(path, method, summary, handler)
                        for (path, method, summary), handler in zip(ROUTES, self._handlers())]
 

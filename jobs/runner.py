@@ -32,6 +32,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from quiver.common.config import FrontendSettings
 from quiver.common.protocol import PRIORITY_BACKGROUND
 from quiver.frontend.pipeline import CURRENT_PRIORITY
 from quiver.frontend.service import Service
@@ -53,6 +54,7 @@ INFLIGHT_TARGET_S = 0.25  # the runner holds at most this much of its measured w
 RUN_TARGET_S = 0.05  # ... in runs of about this long, so an online request waits behind little of it
 MIN_RUN_TOKENS = 256
 PARTS_AHEAD = 4  # parts executing at once, so that the workers never wait on a commit
+PART_LINES = 256  # lines whose results are committed together, with the batch's cursor
 
 
 @dataclass
@@ -62,6 +64,11 @@ class RunnerLimits:
     part_lines: int
     max_lines: int
     file_ttl_s: int
+
+    @classmethod
+    def from_settings(cls, settings: FrontendSettings) -> RunnerLimits:
+        return cls(inflight_tokens=settings.batch_inflight_tokens, run_tokens=settings.batch_run_tokens,
+                   part_lines=PART_LINES, max_lines=settings.batch_max_lines, file_ttl_s=settings.batch_file_ttl_s)
 
 
 def read_part(path: Path, offset: int, count: int) -> tuple[list[bytes], int]:

@@ -63,15 +63,8 @@ async def stop(process: subprocess.Popen) -> None:
             await asyncio.to_thread(process.wait)
 
 
-def limits_of(settings: FrontendSettings, part_lines: int) -> RunnerLimits:
-    return RunnerLimits(inflight_tokens=settings.batch_inflight_tokens, run_tokens=settings.batch_run_tokens,
-                        part_lines=part_lines, max_lines=settings.batch_max_lines, file_ttl_s=settings.batch_file_ttl_s)
-
-
 async def run(settings: FrontendSettings) -> None:
     """Serve the batch runner until SIGTERM or SIGINT."""
-    from quiver.jobs.routes import PART_LINES
-
     registry, client = build_registry(settings, client_from(settings.curve_secret_key, settings.curve_broker_key))
     store = AsyncStore(settings.data_dir)
     stopping = asyncio.Event()
@@ -79,7 +72,7 @@ async def run(settings: FrontendSettings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
     await client.start()
-    runner = Runner(registry.default, store, limits_of(settings, PART_LINES))
+    runner = Runner(registry.default, store, RunnerLimits.from_settings(settings))
     runner.start()
     freeze_startup_heap()
     log.info("batch runner process %d serving %s from %s", os.getpid(), registry.default.model_name, settings.data_dir)
