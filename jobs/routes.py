@@ -42,8 +42,6 @@ FORM_SLACK_BYTES = 64 * 1024  # multipart headers and small fields around the fi
 WINDOW = re.compile(r"^(\d{1,4})h$")
 MAX_LIST_LIMIT = 100
 RUNNER_CHECK_S = 1.0  # how often a frontend checks that its batch runner process is alive
-RUNNER_STABLE_S = 30.0  # a runner process that lived this long is started again at once when it exits ...
-RUNNER_MAX_WAIT_S = 30.0  # ... else after a wait that doubles up to this
 # (path, method, summary) of every route, in the order of BatchAPI._handlers
 ROUTES = (("/v1/files", "POST", "Upload a batch input file (OpenAI-compatible, multipart)"),
           ("/v1/files/{file_id}", "GET", "A file's object"),
@@ -152,14 +150,14 @@ class BatchAPI:
     async def _keep_runner_process(self) -> None:
         """Start the runner process again if it exits while this frontend serves (batches would stall);
         one that keeps exiting soon after its start is started again less and less often."""
-        wait, started = RUNNER_CHECK_S, time.monotonic()
+        wait, started = runner_process.FIRST_RESTART_WAIT_S, time.monotonic()
         while True:
             await asyncio.sleep(RUNNER_CHECK_S)
             assert self.runner_process is not None
             code = self.runner_process.poll()
             if code is None:
                 continue
-            wait = RUNNER_CHECK_S if time.monotonic() - started > RUNNER_STABLE_S else min(2 * wait, RUNNER_MAX_WAIT_S)
+            wait = runner_process.restart_wait(wait, time.monotonic() - started)
             log.error("the batch runner process exited with code %s; starting it again in %.0f s", code, wait)
             await asyncio.sleep(wait)
             self.runner_process, started = runner_process.spawn(self.settings), time.monotonic()

@@ -40,6 +40,9 @@ SETTINGS_ENV = "QUIVER_BATCH_RUNNER_SETTINGS"
 PARENT_ENV = "QUIVER_BATCH_RUNNER_PARENT"
 PR_SET_PDEATHSIG = 1
 STOP_WAIT_S = 10.0
+STABLE_S = 30.0  # a runner process that lived this long is started again soon after it exits ...
+MAX_RESTART_WAIT_S = 30.0  # ... else after a wait that doubles, up to this
+FIRST_RESTART_WAIT_S = 1.0
 
 
 def spawn(settings: FrontendSettings) -> subprocess.Popen:
@@ -49,6 +52,13 @@ def spawn(settings: FrontendSettings) -> subprocess.Popen:
     env[PARENT_ENV] = str(os.getpid())
     env.pop("NOTIFY_SOCKET", None)  # systemd hears READY from the HTTP process only
     return subprocess.Popen([sys.executable, "-m", "quiver.jobs.runner_process"], env=env, stdin=subprocess.DEVNULL)
+
+
+def restart_wait(last_wait: float, lived_s: float) -> float:
+    """Seconds to wait before starting again a runner process that exited after `lived_s`: the first wait
+    after one that ran a while, else twice the last wait (up to MAX_RESTART_WAIT_S), so that one failing
+    at start-up is not restarted every second."""
+    return FIRST_RESTART_WAIT_S if lived_s > STABLE_S else min(2 * last_wait, MAX_RESTART_WAIT_S)
 
 
 async def stop(process: subprocess.Popen) -> None:

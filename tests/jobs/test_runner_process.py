@@ -10,6 +10,7 @@ from pathlib import Path
 
 import openai
 
+from quiver.jobs.runner_process import FIRST_RESTART_WAIT_S, MAX_RESTART_WAIT_S, STABLE_S, restart_wait
 from tests.jobs.helpers import embedding_lines, wait_final
 
 RUNNER_MODULE = "quiver.jobs.runner_process"
@@ -88,3 +89,12 @@ def test_a_runner_process_that_dies_is_started_again(jobs_cluster, tmp_path):
     assert wait_for(lambda: runner_children(proc.popen.pid) not in ([], [first])), runner_children(proc.popen.pid)
     run_small_batch(url)
     assert "starting it again" in proc.log()
+
+
+def test_a_runner_process_that_keeps_failing_at_start_is_restarted_less_and_less_often():
+    waits, wait = [], FIRST_RESTART_WAIT_S
+    for _ in range(7):
+        wait = restart_wait(wait, lived_s=0.5)
+        waits.append(wait)
+    assert waits == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0] and waits[-1] == MAX_RESTART_WAIT_S
+    assert restart_wait(MAX_RESTART_WAIT_S, lived_s=STABLE_S + 1) == FIRST_RESTART_WAIT_S
