@@ -1,9 +1,10 @@
-"""load_engine: build the model, then (on a GPU) choose the fusion and the BLAS library, size the token
+"""load_engine: build the model, then (on a GPU) choose the fusion, the BLAS library and the GELU epilogue, size the token
 budget to the memory fraction, measure attention backends at common shapes, capture every CUDA graph, and
 log what the engine holds. With dtype fp8, the model is first held to a float32 reference."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -19,7 +20,7 @@ from quiver.worker.engine.buckets import DEFAULT_GRAPH_MAX_TOKENS, GraphLimits, 
 from quiver.worker.engine.engine import Engine, elapsed_since, synthetic_batch
 from quiver.worker.engine.graphs import time_with_graph
 from quiver.worker.engine.layers.attention_select import context_for_lens
-from quiver.worker.engine.layers.fused import ElementwiseOps, compiled_ops, plain_ops, triton_kernel_ops
+from quiver.worker.engine.layers.fused import GELU_KINDS, ElementwiseOps, compiled_ops, plain_ops, triton_kernel_ops
 from quiver.worker.engine.layers.linear import fp8_unavailable_reason
 from quiver.worker.engine.loader import build_model
 from quiver.worker.engine.memory import describe, peak_bytes_of, tokens_within_budget
@@ -98,6 +99,7 @@ def load_engine(
     if dev.type == "cuda":
         detail.update(choose_fusion(engine, fusion, fusion_agreement(detail.get("fp8_min_cosine"))))
         detail.update(choose_blas(engine))
+        detail.update(choose_gelu_epilogue(engine, fusion_agreement(detail.get("fp8_min_cosine"))))
         phase = time.perf_counter()
         size_memory(engine, gpu_memory_fraction or DEFAULT_GPU_MEMORY_FRACTION)
         survey_attention(engine)
@@ -254,6 +256,44 @@ def choose_blas(engine: Engine) -> dict[str, Any]:
     return {"blas_probe_ms": {k: [round(t, 3) for t in v] for k, v in times.items()}}
 
 
+def choose_gelu_epilogue(engine: Engine, min_agreement: float = 0.999) -> dict[str, Any]:
+    """For a model with GELU layers: their product, bias and GELU in one cuBLASLt call (the epilogue
+    computes GELU's tanh form), kept if it agrees with the separate units (cosine above min_agreement)
+    and replays the probes (128 and 8,192 tokens) faster, in two alternating rounds."""
+    if getattr(engine.model, "hidden_act", "") not in GELU_KINDS:
+        return {}
+    separate: ElementwiseOps = engine.model.ops
+    fused = dataclasses.replace(separate, gelu_epilogue=True)
+    check = _probe(engine, 320, 160, seed=1)
+    reference = engine.run_eager(check)
+    engine.model.ops = fused
+    probes = [p for p in (_probe(engine, 128, 128), _probe(engine, 8192, 512))
+              if p.num_tokens <= engine.info.max_batch_tokens]
+    times: dict[str, list[float]] = {}
+    try:
+        cosine = _min_cosine(engine.run_eager(check), reference)
+        if cosine <= min_agreement:
+            log.warning("the GELU epilogue disagrees with the separate units (cosine %.6f); not used", cosine)
+            return {}
+        for _ in range(2):
+            for name, ops in (("separate", separate), ("epilogue", fused)):
+                engine.model.ops = ops
+                sample = [_graph_time_ms(engine, p) for p in probes]
+                times[name] = [min(a, b) for a, b in zip(times.get(name, sample), sample)]
+    except Exception as exc:  # noqa: BLE001 - an epilogue that cannot run or be timed is not used
+        log.warning("GELU epilogue probe failed, not used: %s", exc)
+        return {}
+    finally:
+        engine.model.ops = separate
+    rounded = {k: [round(t, 3) for t in v] for k, v in times.items()}
+    if sum(times["epilogue"]) < sum(times["separate"]):
+        engine.model.ops = fused
+        engine.info.gelu_epilogue = True
+    log.info("GELU epilogue probe (graph replay ms at %s tokens): %s; %s", [p.num_tokens for p in probes],
+             rounded, "using the epilogue" if engine.info.gelu_epilogue else "keeping separate units")
+    return {"gelu_epilogue_probe_ms": rounded, "gelu_epilogue_cosine": round(cosine, 6)}
+
+
 def size_memory(engine: Engine, fraction: float) -> None:
     """Fit the token budget and graph buckets into fraction of the GPU; measure the activation peak."""
     figures, dev = engine.memory, engine.device
@@ -318,10 +358,11 @@ def log_startup(engine: Engine) -> None:
     info, figures = engine.info, engine.memory
     log.info(
         "engine ready: %s (%s) on %s in %s; output dim %d; up to %d tokens / %d sequences per step; "
-        "CUDA graphs %s (up to %d tokens); fusion %s; products %s; attention backends %s",
+        "CUDA graphs %s (up to %d tokens); fusion %s; products %s%s; attention backends %s",
         info.model.name, info.model.kind, info.device, info.dtype, info.output_dim,
         info.max_batch_tokens, info.max_batch_seqs, "on" if info.cuda_graphs else "off",
-        info.graph_max_tokens, info.fusion, info.blas, info.attention_backends,
+        info.graph_max_tokens, info.fusion, info.blas, " with the GELU epilogue" if info.gelu_epilogue else "",
+        info.attention_backends,
     )
     if engine.on_gpu:
         log.info(

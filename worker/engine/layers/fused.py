@@ -73,10 +73,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+GELU_KINDS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
 def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "gelu":
         return F.gelu(x)
-    if kind in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+    if kind in GELU_KINDS:
         return F.gelu(x, approximate="tanh")
     if kind == "relu":
         return F.relu(x)
@@ -120,6 +123,7 @@ class ElementwiseOps:
     add_layer_norm: Callable[..., torch.Tensor]
     embed_layer_norm: Callable[..., torch.Tensor]
     quantize_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    gelu_epilogue: bool = False  # a GELU layer's product, bias and GELU in one cuBLASLt call (start-up chooses)
 
     def linear(self, x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
         """A dense layer's product: cuBLAS for a plain weight, torch._scaled_mm for an FP8 one (its
@@ -128,8 +132,17 @@ class ElementwiseOps:
             return fp8_linear(x, weight, bias, self.quantize_rows)
         return F.linear(x, weight, bias)
 
+    def linear_activation(self, x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None,
+                          kind: str) -> torch.Tensor:
+        """activation(linear(x)). With gelu_epilogue, a bf16 GELU layer runs as one torch._addmm_activation:
+        on CUDA, cuBLASLt's GELU_BIAS epilogue, which applies GELU's tanh form while it writes the product,
+        so the product's output is not read back by a separate kernel."""
+        if self.gelu_epilogue and kind in GELU_KINDS and bias is not None and not isinstance(weight, Fp8Weight):
+            return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
+        return self.activation(self.linear(x, weight, bias), kind)
 
-_UNITS: dict[str, Callable[..., Any]] = {
+
+_UNITS: dict[str, Any] = {
     "rms_norm": rms_norm,
     "add_rms_norm": add_rms_norm,
     "qk_norm_rope": qk_norm_rope,
@@ -186,7 +199,7 @@ def compiled_ops() -> ElementwiseOps:
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(config, name):
             setattr(config, name, max(getattr(config, name), 64))
-    compiled = {name: _TokenDynamic(fn, _TOKEN_ARGS[name]) for name, fn in _UNITS.items()}
+    compiled: dict[str, Any] = {name: _TokenDynamic(fn, _TOKEN_ARGS[name]) for name, fn in _UNITS.items()}
     return ElementwiseOps(mode="compile", **compiled)
 
 

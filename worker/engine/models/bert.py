@@ -145,7 +145,7 @@ class BertEncoder:
             context = attention(q, k, v, attn).reshape(tokens, width)
             projected = ops.linear(context, layer.out_weight, layer.out_bias)
             x = ops.add_layer_norm(projected, x, layer.attn_norm_weight, layer.attn_norm_bias, self.eps)
-            up = ops.activation(ops.linear(x, layer.up_weight, layer.up_bias), self.hidden_act)
+            up = ops.linear_activation(x, layer.up_weight, layer.up_bias, self.hidden_act)
             down = ops.linear(up, layer.down_weight, layer.down_bias)
             x = ops.add_layer_norm(down, x, layer.mlp_norm_weight, layer.mlp_norm_bias, self.eps)
         return x
