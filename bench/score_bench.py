@@ -163,10 +163,17 @@ def stop_quiver(server: subprocess.Popen) -> None:
         server.wait(10)
 
 
-def quiver_latency(client: httpx.Client, url: str, count: int, args: argparse.Namespace) -> tuple[list[float], list]:
+STAGE_HEADERS = ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time")
+
+
+def quiver_latency(client: httpx.Client, url: str, count: int,
+                   args: argparse.Namespace) -> tuple[list[float], list, dict[str, dict[str, float]]]:
+    """Client latencies (ms), the last ranking, and percentiles of the server's own stage times (ms, from
+    its x-*-time headers: frontend total, tokenization, and the slowest chunk's worker queue and step)."""
     query, documents = workload(count, seed=count)
     body = {"query": query, "texts": documents, "truncate": False}
     samples: list[float] = []
+    stages: dict[str, list[float]] = {name: [] for name in STAGE_HEADERS}
     ranked: list = []
     for i in range(args.warmup + args.iters):
         start = time.perf_counter()
@@ -177,18 +184,21 @@ def quiver_latency(client: httpx.Client, url: str, count: int, args: argparse.Na
         ranked = [(r["index"], r["score"]) for r in response.json()]
         if i >= args.warmup:
             samples.append(elapsed)
-    return samples, ranked
+            for name in STAGE_HEADERS:
+                stages[name].append(float(response.headers.get(name, "nan")))
+    return samples, ranked, {name[2:-5]: percentiles(values) for name, values in stages.items()}
 
 
 def run_quiver(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    latency, scores = {}, {}
+    latency, scores, stages = {}, {}, {}
     with httpx.Client(timeout=120) as client:
         info = client.get(url + "/info").json()
         for count in DOC_COUNTS:
-            samples, ranked = quiver_latency(client, url, count, args)
+            samples, ranked, stages[count] = quiver_latency(client, url, count, args)
             latency[count], scores[count] = percentiles(samples), ranked
-            print(f"quiver, {count} documents: {latency[count]}", flush=True)
-    return {"latency_ms": latency, "ranked": scores, "info": info}
+            print(f"quiver, {count} documents: {latency[count]}; server stages p50 ms: "
+                  f"{ {name: figures['p50'] for name, figures in stages[count].items()} }", flush=True)
+    return {"latency_ms": latency, "ranked": scores, "info": info, "server_stages_ms": stages}
 
 
 # ---- report -----------------------------------------------------------------------------------------------
