@@ -68,13 +68,14 @@ async def bulk_client_texts_per_s(url: str, texts: list[str]) -> float:
         return len(texts) / (time.perf_counter() - started)
 
 
-def embed_texts_per_s(url: str, corpus: Path, output: Path, count: int, priority: str = "background") -> tuple[float, float]:
+def embed_texts_per_s(url: str, corpus: Path, output: Path, count: int, priority: str = "background",
+                      concurrency: int = CLIENTS) -> tuple[float, float]:
     """`quiver embed`'s texts/s over its whole run (reading, writing the output) and over its embedding phase."""
     for leftover in output.parent.glob(output.name + "*"):
         shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     time.sleep(ONLINE_PAUSE_S)
     done = subprocess.run([sys.executable, "-m", "quiver", "embed", str(corpus), "-o", str(output), "--url", url,
-                           "--batch-size", str(BATCH), "--concurrency", str(CLIENTS), "--no-progress",
+                           "--batch-size", str(BATCH), "--concurrency", str(concurrency), "--no-progress",
                            "--priority", priority],
                           capture_output=True, text=True, check=True)
     total_s, embedding_s = re.search(r"in ([0-9.]+) s \(([0-9.]+) s embedding", done.stderr).groups()  # type: ignore[union-attr]
@@ -155,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="alternating rounds of the two throughput measurements (0: skip them)")
     parser.add_argument("--embed-priority", default="background", choices=("background", "online"),
                         help="the priority `quiver embed` sends its requests at")
+    parser.add_argument("--embed-concurrency", type=int, default=CLIENTS,
+                        help=f"requests `quiver embed` keeps in flight (default {CLIENTS}, the bulk client's; "
+                             "`quiver embed`'s own default is 8)")
     parser.add_argument("--online-requests", type=int, default=400, help="online requests in each phase")
     parser.add_argument("--online-clients", type=int, default=CLIENTS, help="online clients, each sequential")
     parser.add_argument("--online-length", type=int, default=16, help="tokens of each online text")
@@ -173,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = TokenCorpus(tokenizer).mixed_texts(args.texts, 8, args.max_length)
     results: dict[str, Any] = {"url": args.url, "texts": args.texts, "max_length": args.max_length,
                                "clients": CLIENTS, "batch": BATCH, "embed_priority": args.embed_priority,
+                               "embed_concurrency": args.embed_concurrency,
                                "online_clients": args.online_clients,
                                "online_length": args.online_length, "batch_lines": args.batch_lines,
                                "batch_length": args.batch_length or f"8..{args.max_length}"}
@@ -187,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             client_rates.append(asyncio.run(bulk_client_texts_per_s(args.url, texts)))
             whole, phase = embed_texts_per_s(args.url, corpus, Path(scratch) / "out.parquet", len(texts),
-                                             args.embed_priority)
+                                             args.embed_priority, args.embed_concurrency)
             embed_rates.append(whole)
             embed_phase_rates.append(phase)
             print(f"bulk client {client_rates[-1]:.1f} texts/s, quiver embed {whole:.1f} texts/s "

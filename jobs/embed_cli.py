@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
-    print(f"wrote {rows} vectors to {args.output} in {seconds:.1f} s ({embedding_s:.1f} s embedding, "
+    print(f"wrote {rows} vectors to {args.output} in {seconds:.2f} s ({embedding_s:.2f} s embedding, "
           f"{(rows + failures) / max(embedding_s, 1e-9):.1f} texts/s)"
           + (f"; {failures} failed, listed in {args.output}.failed.jsonl" if failures else ""), file=sys.stderr)
     return 0

@@ -191,6 +191,7 @@ class OutputWriter:
             if self.vectors is None:
                 self.vectors = self._open(part.vectors.dtype, part.vectors.shape[1])
             self.vectors.write(part.ids, part.vectors)
+            self.vectors.sync()
         self.rows += len(part.ids)
         self.failures += sorted(part.failures, key=lambda f: f["position"])
         self.next_index += 1
@@ -258,6 +259,9 @@ class ParquetVectors:
                                            schema=self.schema)
         self.writer.write_batch(batch)
 
+    def sync(self) -> None:
+        _sync(self.file)
+
     def close(self) -> None:
         self.writer.close()  # the footer; the file, ours, stays open
         _close_durably(self.file)
@@ -288,6 +292,9 @@ class NpyVectors:
         _check_shape(vectors, self.dtype, self.width)
         self.file.write(np.ascontiguousarray(vectors).data)
         self.ids += ids
+
+    def sync(self) -> None:
+        _sync(self.file)
 
     def close(self) -> None:
         header = self._header()
@@ -325,6 +332,13 @@ def _string_array(values: list[str]) -> Any:
         raise ValueError("a part's ids exceed 2 GiB: use a smaller --part-size")
     offsets = np.concatenate([np.zeros(1, np.int32), ends.astype(np.int32)])
     return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+
+
+def _sync(file: BinaryIO) -> None:
+    """Flush what is written so far to the disk, as each part is appended (in the append thread, while the
+    job embeds): the fsync at the end then has only the last bytes to wait for, not the whole output."""
+    file.flush()
+    os.fdatasync(file.fileno())
 
 
 def _close_durably(file: BinaryIO) -> None:
