@@ -10,12 +10,11 @@ background.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import AsyncGenerator
+from typing import Awaitable, Callable
 
 import numpy as np
 
@@ -118,44 +117,37 @@ class Pipeline:
         finally:
             ticket.release()
 
-    async def run_pipelined(self, parts: AsyncGenerator[RaggedIds, None], task: str, normalize: bool,
-                            timings: Timings) -> tuple[np.ndarray, int]:
-        """Rows for every part that `parts` yields, in that order, with the number of tokens of all.
+    async def run_overlapped(self, first: RaggedIds, rest: Callable[[], Awaitable[RaggedIds]], task: str,
+                             normalize: bool, timings: Timings) -> tuple[np.ndarray, int]:
+        """Rows for `first` then for what `rest()` gives, in that order, with the number of tokens of both.
 
-        Each part's chunks go out as soon as it is made, while the next is still being made (a long
-        request's later inputs tokenizing on the pool): the worker's first step runs on the first part and
-        its later steps take the parts that arrived meanwhile. The request's reservation is settled once
-        every part is known; a failure of any part cancels the chunks of all."""
+        `first`'s chunks go out at once, while `rest` is still being made (a long request's later inputs
+        tokenizing on the pool): its first step runs meanwhile. The request's reservation is settled once
+        both are known; a failure of either part cancels the other's chunks."""
         await self._require_workers()
         ticket = CURRENT_TICKET.get()
         own = None
-        runs: list[tuple[asyncio.Future[list[Result]], Timings]] = []
-        tokens = 0
+        if ticket is None:
+            own = ticket = self.admission.reserve(first.num_tokens, estimated=False)
+        first_timings = dataclasses.replace(timings)
+        first_run = asyncio.ensure_future(self._run_chunks(first, task, normalize, first_timings))
         try:
-            async with contextlib.aclosing(parts):
-                async for part in parts:
-                    if ticket is None:
-                        own = ticket = self.admission.reserve(part.num_tokens, estimated=False)
-                    tokens += part.num_tokens
-                    for run, _ in runs:
-                        if run.done():
-                            run.result()  # it failed already: its error is the request's
-                    part_timings = dataclasses.replace(timings)
-                    runs.append((asyncio.ensure_future(self._run_chunks(part, task, normalize, part_timings)),
-                                 part_timings))
-                    await asyncio.sleep(0)  # the part's task sends its chunks now, before the next part is made
-            if ticket is not None:
-                ticket.settle(tokens)
-            results = [result for run, _ in runs for result in await run]
+            later = await rest()
+            if first_run.done():
+                first_run.result()  # it failed already: its error is the request's
+            ticket.settle(first.num_tokens + later.num_tokens)
+            later_results = await self._run_chunks(later, task, normalize, timings)
+            first_results = await first_run
         finally:
-            for run, _ in runs:
-                run.cancel()
-            await asyncio.gather(*(run for run, _ in runs), return_exceptions=True)
+            if not first_run.done():
+                first_run.cancel()
+                await asyncio.gather(first_run, return_exceptions=True)
             if own is not None:
                 own.release()
-        timings.queue_s = max(t.queue_s for _, t in runs)
-        timings.inference_s = max(t.inference_s for _, t in runs)
-        return np.concatenate([r.values for r in results], axis=0), tokens
+        timings.queue_s = max(timings.queue_s, first_timings.queue_s)
+        timings.inference_s = max(timings.inference_s, first_timings.inference_s)
+        rows = np.concatenate([r.values for r in (*first_results, *later_results)], axis=0)
+        return rows, first.num_tokens + later.num_tokens
 
     async def _require_workers(self) -> None:
         if not self.client.healthy and not await self.client.recheck_workers():
