@@ -143,6 +143,27 @@ def bench_gemms(tokens_list: list[int], bandwidth_gbs: float) -> list[dict[str, 
     return rows
 
 
+def bench_gelu_epilogue(tokens_list: list[int]) -> list[dict[str, Any]]:
+    """BGE-M3's up projection with its bias and GELU: the product then the Triton GELU (the separate
+    units), against one torch._addmm_activation (cuBLASLt's GELU_BIAS epilogue), µs per call in a graph."""
+    n, k = 4096, 1024
+    copies = max(2, -(-L2_FLUSH_BYTES // (n * k * 2)))
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16) * 0.1
+    rows = []
+    print("| BGE-M3 up + bias + GELU, M | separate µs | epilogue µs | separate / epilogue |")
+    print("| --- | --- | --- | --- |")
+    for tokens in tokens_list:
+        x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+        separate = _graph_us([lambda w=w, x=x: triton_ops.activation(torch.nn.functional.linear(x, w, bias), "gelu")
+                              for w in weights])
+        epilogue = _graph_us([lambda w=w, x=x: torch._addmm_activation(bias, x, w.t(), use_gelu=True)
+                              for w in weights])
+        rows.append({"M": tokens, "separate_us": round(separate, 2), "epilogue_us": round(epilogue, 2)})
+        print(f"| {tokens} | {separate:.1f} | {epilogue:.1f} | {separate / epilogue:.2f} |", flush=True)
+    return rows
+
+
 def print_header() -> None:
     print("| shape | product | M | bound µs (weight read at the copy bandwidth) | " +
           " | ".join(f"{v} µs (TB/s)" for v in VARIANTS) + " |")

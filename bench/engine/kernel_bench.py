@@ -3,6 +3,7 @@ the hand-written Triton kernels, at the pplx-embed-0.6B and BGE-M3 shapes.
 
     python -m quiver.bench.engine.kernel_bench [--tokens 4096,16384] [--engine DIR [--fusion auto]] [--out FILE]
     python -m quiver.bench.engine.kernel_bench --gemms [--tokens 128,512,4096] [--out FILE]
+    python -m quiver.bench.engine.kernel_bench --gelu-epilogue [--tokens 128,512,4096,16384] [--out FILE]
 
 Each unit is timed as the engine runs it, inside a CUDA graph (so Python launch cost is not counted),
 over enough random input sets that they do not fit in L2, and reported in µs and achieved GB/s beside
@@ -11,7 +12,9 @@ once, each output written once) over the device-to-device copy bandwidth measure
 With --engine, instead: the engine's graph replay per step with each fused set (--fusion, default
 triton,compile; "auto" shows start-up's own choice), at 128 and 4096 tokens of one sequence, on
 random-weight checkpoints of both shapes written under DIR. With --gemms: the dense layers' matrix
-products at short inputs (gemm_bench.py). Needs a CUDA device.
+products at short inputs (gemm_bench.py). With --gelu-epilogue: BGE-M3's up projection with its bias and
+GELU, separate (product, then the Triton GELU) against one cuBLASLt call with the GELU_BIAS epilogue.
+Needs a CUDA device.
 """
 
 from __future__ import annotations
@@ -197,11 +200,13 @@ def main() -> None:
     parser.add_argument("--engine", default=None, metavar="DIR", help="time whole engine steps instead")
     parser.add_argument("--fusion", default="triton,compile", help="with --engine: the fusion modes to load")
     parser.add_argument("--gemms", action="store_true", help="time the dense layers' products instead")
+    parser.add_argument("--gelu-epilogue", action="store_true",
+                        help="time a GELU layer's product, bias and GELU, separate and in one call, instead")
     args = parser.parse_args()
     torch.manual_seed(0)
     bandwidth = copy_bandwidth_gbs()
     print(f"{torch.cuda.get_device_name()}: device-to-device copy {bandwidth:.0f} GB/s (read + write)")
-    if not args.engine and not args.gemms:
+    if not args.engine and not args.gemms and not args.gelu_epilogue:
         print("| shape | unit | tokens | bound µs | " + " | ".join(f"{m}: µs, GB/s" for m in MODES) + " | Triton |")
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "copy_gbs": bandwidth}
     if args.gemms:
@@ -209,6 +214,10 @@ def main() -> None:
 
         gemm_bench.print_header()
         result["gemms"] = gemm_bench.bench_gemms([int(t) for t in args.tokens.split(",")], bandwidth)
+    elif args.gelu_epilogue:
+        from quiver.bench.engine import gemm_bench
+
+        result["gelu_epilogue"] = gemm_bench.bench_gelu_epilogue([int(t) for t in args.tokens.split(",")])
     elif args.engine:
         result["engine"] = bench_engine(args.engine, args.fusion.split(","))
     else:
