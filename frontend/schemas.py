@@ -6,12 +6,23 @@ their models here exist so that /openapi.json describes them.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidatorFunctionWrapHandler
+from pydantic.functional_validators import WrapValidator
+
+
+def _token_ids_at_once(value: Any, validate: ValidatorFunctionWrapHandler) -> Any:
+    """A flat list of ints is taken as it is, as the union would take it: the union tries list[StrictStr]
+    first, which fails on every id (tens of µs for a hundred ids). Anything else is validated by the union
+    itself, so its errors are the union's."""
+    if type(value) is list and value and set(map(type, value)) == {int}:
+        return value
+    return validate(value)
+
 
 TokenIds = list[StrictInt]
-Inputs = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
+Inputs = Annotated[Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]], WrapValidator(_token_ids_at_once)]
 Direction = Literal["left", "right", "Left", "Right"]
 EncodingFormat = Literal["float", "base64", "int8", "binary", "ubinary", "base64_int8", "base64_binary"]
 OutputName = Literal["dense", "sparse", "colbert"]
