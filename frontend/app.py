@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from quiver.common.config import FrontendSettings
 from quiver.common.security import client_from
@@ -48,6 +49,36 @@ def load_extensions(service: Service, settings: FrontendSettings) -> list[Extens
     return [entry.load()(service, settings) for entry in entry_points(group=EXTENSIONS_GROUP)]
 
 
+class FrontendApp(Starlette):
+    """Starlette, with a request for one of `exact`'s (method, path) pairs handed straight to its route's
+    app: its prologue answers every error itself, so Starlette's two middlewares (a Request and three
+    closures per request) and the router's scan would only pass it through. Anything else (other methods,
+    paths with parameters, unknown paths, a root path, the lifespan) goes through Starlette as before."""
+
+    exact: dict[tuple[str, str], ASGIApp] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not scope.get("root_path"):
+            route = self.exact.get((scope["method"], scope["path"]))
+            if route is not None:
+                scope["app"] = self
+                await route(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def exact_routes(routes: list[Route]) -> dict[tuple[str, str], ASGIApp]:
+    """(method, path) -> app for each route that Starlette's router would pick for exactly that path and
+    method: a path without parameters, matched by no route before it (the router takes the first match)."""
+    exact: dict[tuple[str, str], ASGIApp] = {}
+    for index, route in enumerate(routes):
+        if route.param_convertors or any(earlier.path_regex.match(route.path) for earlier in routes[:index]):
+            continue
+        for method in route.methods or ():
+            exact.setdefault((method, route.path), route.app)
+    return exact
+
+
 def request_tracer(settings: FrontendSettings) -> RequestTracer | None:
     """The frontend's tracer when --otlp-endpoint is set (server.py checked at start-up that it can be used)."""
     if not settings.otlp_endpoint:
@@ -55,7 +86,7 @@ def request_tracer(settings: FrontendSettings) -> RequestTracer | None:
     return RequestTracer(Tracing(settings.otlp_endpoint, settings.otlp_service_name or "quiver-frontend", "frontend"))
 
 
-def create_app(settings: FrontendSettings) -> Starlette:
+def create_app(settings: FrontendSettings) -> FrontendApp:
     registry, client = build_registry(settings, client_from(settings.curve_secret_key, settings.curve_broker_key))
     service = registry.default
     extensions = load_extensions(service, settings)
@@ -88,7 +119,8 @@ def create_app(settings: FrontendSettings) -> Starlette:
         return render(APIError(reason, f"{request.method} {request.url.path}: {exc.detail}"),
                       OPENAI if request.url.path.startswith("/v1/") else TEI)
 
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    app = FrontendApp(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    app.exact = exact_routes(routes)
     app.state.service = service
     app.state.models = registry
     app.state.openapi = build_openapi(specs, keyed=bool(settings.api_key))
