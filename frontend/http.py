@@ -44,6 +44,7 @@ PARSE_ON_POOL_BYTES = 256 * 1024
 JSON_MEDIA_TYPE = "application/json"
 # A client that leaves is noticed at most this long after its request began (see _unless_disconnected).
 DISCONNECT_WATCH_AFTER_S = 0.02
+PRIORITY_HEADER_NAME = PRIORITY_HEADER.encode()
 
 
 @dataclass
@@ -146,9 +147,20 @@ async def _read_body(request: Request, limit: int) -> bytearray:
     return body
 
 
-def declared_length(request: Request) -> int | None:
-    declared = request.headers.get("content-length")
-    return int(declared) if declared is not None and declared.isdigit() else None
+def header_values(request: Request) -> dict[bytes, bytes]:
+    """The request's headers by (lower-case) name, the first of each as Starlette's `headers.get` gives it,
+    read in one pass: each `headers.get` scans them all again and raises KeyError for a missing one."""
+    return dict(reversed(request.scope["headers"]))
+
+
+def header(headers: dict[bytes, bytes], name: bytes) -> str | None:
+    value = headers.get(name)
+    return None if value is None else value.decode("latin-1")
+
+
+def declared_length(value: str | None) -> int | None:
+    """The Content-Length header's value as a number, if it is one."""
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def parse_json(body: bytes | bytearray) -> Any:
@@ -184,11 +196,11 @@ async def _on_pool_if_large(service: Service, size: int, work: Callable[[], Any]
     return work()
 
 
-def authorized(request: Request, api_key: str) -> bool:
+def authorized(authorization: str | None, api_key: str) -> bool:
+    """Whether the Authorization header's value carries the API key (always, without a key)."""
     if not api_key:
         return True
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+    scheme, _, token = (authorization or "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
@@ -209,21 +221,20 @@ def host_name(header: str) -> str:
     return header.partition(":")[0]
 
 
-def check_host(request: Request) -> None:
+def check_host(host: str | None) -> None:
     """A server bound to loopback answers only requests addressed to a loopback name (DNS rebinding)."""
-    header = request.headers.get("host")
-    if header is not None and host_name(header) not in LOOPBACK_HOSTS:
+    if host is not None and host_name(host) not in LOOPBACK_HOSTS:
         raise APIError("misdirected", f"this server listens on loopback and answers only requests for "
-                                      f"localhost, 127.0.0.1 or [::1], not for the Host {header[:100]!r}")
+                                      f"localhost, 127.0.0.1 or [::1], not for the Host {host[:100]!r}")
 
 
-def check_content_type(request: Request) -> None:
+def check_content_type(content_type: str | None) -> None:
     """Bodies are JSON: application/json (any parameters) or no Content-Type at all; else 415.
 
     Refusing other types keeps cross-site form posts (text/plain, form encodings), which browsers
     send without a preflight, from reaching a keyless server.
     """
-    value = request.headers.get("content-type", "").strip()
+    value = (content_type or "").strip()
     if not value:
         return
     media = value.partition(";")[0].strip().lower()
@@ -268,17 +279,18 @@ def endpoint(spec: RouteSpec, models: ModelRegistry, settings: FrontendSettings,
         trace = request_tracer.start(request, spec.method, route) if request_tracer else None
         failure = ""
         try:
+            headers = header_values(request)
             if guard_host:
-                check_host(request)
-            if not spec.public and not authorized(request, settings.api_key):
+                check_host(header(headers, b"host"))
+            if not spec.public and not authorized(header(headers, b"authorization"), settings.api_key):
                 raise APIError("unauthorized", "a valid API key is required: 'Authorization: Bearer <key>'",
                                headers={"WWW-Authenticate": "Bearer"})
             body = None
             if spec.request is not None or spec.request_schema is not None:
-                CURRENT_PRIORITY.set(requested_priority(request.headers.get(PRIORITY_HEADER)))
-                check_content_type(request)
+                CURRENT_PRIORITY.set(requested_priority(header(headers, PRIORITY_HEADER_NAME)))
+                check_content_type(header(headers, b"content-type"))
                 limit = settings.max_body_bytes
-                declared = declared_length(request)
+                declared = declared_length(header(headers, b"content-length"))
                 if declared is not None and declared > limit:
                     raise APIError("body_too_large", f"the request body of {declared} bytes is over the {limit}-byte limit")
                 if declared is not None:
