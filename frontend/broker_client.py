@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -44,6 +45,33 @@ NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 # Messages received in one reader callback before the event loop gets its turn back.
 MAX_MESSAGES_PER_CALLBACK = 256
+
+
+class RandomIds:
+    """128-bit random ids in hex, cut from os.urandom read 4 KiB at a time: one getrandom call per 256 ids
+    instead of one per chunk. A forked child drops what its parent had read, so that no two processes hand
+    out the same id."""
+
+    ID_BYTES = 16
+    READ_BYTES = 4096
+
+    def __init__(self) -> None:
+        self._pool = b""
+        self._next = 0
+        os.register_at_fork(after_in_child=self._drop)
+
+    def _drop(self) -> None:
+        self._pool, self._next = b"", 0
+
+    def new(self) -> str:
+        start = self._next
+        if start + self.ID_BYTES > len(self._pool):
+            self._pool, start = os.urandom(self.READ_BYTES), 0
+        self._next = start + self.ID_BYTES
+        return self._pool[start:self._next].hex()
+
+
+CHUNK_IDS = RandomIds()
 
 
 class ChunkFailed(Exception):
@@ -99,7 +127,7 @@ class BrokerClient:
 
     @staticmethod
     def new_chunk_id() -> str:
-        return secrets.token_hex(16)
+        return CHUNK_IDS.new()
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -36,3 +36,20 @@ def test_exact_routes_leave_parameters_and_shadowed_paths_to_the_router():
     exact = exact_routes(routes)
     assert set(exact) == {("POST", "/a"), ("GET", "/b"), ("HEAD", "/b")}  # GET /a: after a route of its path
     assert exact["POST", "/a"] is routes[0].app
+
+
+def test_chunk_ids_are_distinct_hex_and_a_forked_child_draws_its_own():
+    import os
+
+    from quiver.frontend.broker_client import RandomIds
+
+    ids = RandomIds()
+    drawn = [ids.new() for _ in range(600)]  # over two reads of the pool
+    assert len(set(drawn)) == 600 and all(len(each) == 32 and int(each, 16) >= 0 for each in drawn)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's side
+        os.write(write, ids.new().encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert os.read(read, 64).decode() != ids.new()
