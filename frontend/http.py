@@ -154,6 +154,7 @@ def header_values(request: Request) -> dict[bytes, bytes]:
 
 
 def header(headers: dict[bytes, bytes], name: bytes) -> str | None:
+    """One header's value from header_values' dict, decoded as Starlette decodes it (latin-1); None if absent."""
     value = headers.get(name)
     return None if value is None else value.decode("latin-1")
 
