@@ -15,6 +15,7 @@ Each worker count runs twice: under load (window chunks in flight per frontend: 
 
     python -m quiver.bench.broker_capacity --workers 1,2,4,8,16,64 --frontends 2 --seconds 5 --out DIR
     python -m quiver.bench.broker_capacity --quick --out DIR      # a few seconds, for CI
+    python -m quiver.bench.broker_capacity --broker-tree /tmp/before  # the broker of another checkout
 """
 
 from __future__ import annotations
@@ -43,12 +44,17 @@ def free_endpoint() -> str:
     return f"tcp://127.0.0.1:{free_port()}"
 
 
-def start_broker(frontend_endpoint: str, worker_endpoint: str, extra: list[str], log_path: Path) -> subprocess.Popen:
+def start_broker(frontend_endpoint: str, worker_endpoint: str, extra: list[str], log_path: Path,
+                 tree: str = "") -> subprocess.Popen:
+    """`quiver broker` on the two endpoints; with `tree`, imported from that source tree instead (run there,
+    so that `-m` finds its `quiver` first)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUIVER_")}
+    if tree:
+        env["PYTHONPATH"] = str(Path(tree).resolve())
     with open(log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "quiver", "broker", "--frontend-endpoint", frontend_endpoint,
                                  "--worker-endpoint", worker_endpoint, "--log-level", "warning", *extra],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
+                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tree or None)
 
 
 def curve_keys(directory: Path) -> tuple[list[str], CurveClient, CurveClient]:
@@ -99,7 +105,7 @@ def run_once(workers: int, frontends: int, window: int, seconds: float, args: ar
         if args.curve:
             curve_args, frontend_curve, worker_curve = curve_keys(Path(tempfile.mkdtemp(prefix="quiver-bench-keys-")))
             broker_args += curve_args
-        broker = start_broker(frontend_endpoint, worker_endpoint, broker_args, log_path)
+        broker = start_broker(frontend_endpoint, worker_endpoint, broker_args, log_path, args.broker_tree)
         names = [f"stand-in-{i}" for i in range(workers)]
         groups = [names[i::args.worker_processes] for i in range(min(args.worker_processes, workers))]
         worker_procs = [mp.Process(target=serve_stand_in_workers, daemon=True,
@@ -196,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=384, help="width of the stand-in results")
     parser.add_argument("--worker-processes", type=int, default=2, help="processes the stand-in workers share")
     parser.add_argument("--broker-args", default="", help="extra options of `quiver broker`, e.g. '--busy-poll-us 500'")
+    parser.add_argument("--broker-tree", default="", help="run the broker from this source tree (a folder "
+                        "holding quiver/, broker/, common/ and setup.cfg, e.g. an earlier commit's) for before/after")
     parser.add_argument("--curve", action="store_true", help="CurveZMQ on both broker endpoints (the layout "
                         "of a broker serving other hosts); the direct rows stay plain")
     parser.add_argument("--quick", action="store_true", help="1 and 2 workers, 1 s each: a smoke run for CI")
@@ -214,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(markdown([row]).splitlines()[-1], flush=True)
     meta = {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "seconds": seconds, "seqs": args.seqs,
-            "tokens": args.tokens, "dim": args.dim, "broker_args": args.broker_args, "curve": args.curve}
+            "tokens": args.tokens, "dim": args.dim, "broker_args": args.broker_args, "curve": args.curve,
+            "broker_tree": args.broker_tree}
     table = markdown(rows)
     if args.out:
         (out / "broker_capacity.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
