@@ -2,9 +2,10 @@
 
 Builds a real Broker (inproc endpoints), registers one stand-in worker, then feeds it pre-built frames
 (zmq.Frame objects, as received) of CHUNKs from a frontend and their RESULTs from the worker, through
-`peek` and the broker's handlers, with its sends captured instead of sent. Prints µs per chunk (both
-directions), the fastest and the median of --rounds rounds. `bench/broker_capacity.py` measures the
-whole broker process (ZeroMQ calls, poll loop, libzmq's I/O thread); this is the Python part alone.
+the broker's reading of them (broker/wire.py) and its handlers, with its sends captured instead of sent.
+Prints µs per chunk (both directions), the fastest and the median of --rounds rounds.
+`bench/broker_capacity.py` measures the whole broker process (ZeroMQ calls, poll loop, libzmq's I/O
+thread); this is the Python part alone.
 
     python -m quiver.bench.broker_python [--chunks 2000] [--rounds 15] [--profile]
 """
@@ -24,7 +25,8 @@ import zmq
 import quiver.broker.broker as broker_module
 from quiver.bench.stand_in_peers import small_chunk, stand_in_ready, stand_in_result
 from quiver.common.config import BrokerSettings
-from quiver.common.protocol import peek, split_identity
+from quiver.broker.wire import read
+from quiver.common.protocol import peek
 
 WORKER_IDENTITY = b"w" * 32
 FRONTEND_IDENTITY = b"f" * 16
@@ -42,17 +44,17 @@ def measure(chunks: int, rounds: int, profile: bool = False) -> dict[str, Any]:
         broker._on_worker_message(WORKER_IDENTITY, peek(stand_in_ready("stand-in-0", 384).encode()))
         rng = np.random.default_rng(0)
         made = [small_chunk(4, 16, rng) for _ in range(chunks)]
-        inbound = [[zmq.Frame(bytes(memoryview(f))) for f in chunk.encode()] for chunk in made]
-        outbound = [[zmq.Frame(bytes(memoryview(f))) for f in stand_in_result(chunk, "stand-in-0", 384).encode()]
+        inbound = [[zmq.Frame(FRONTEND_IDENTITY), *(zmq.Frame(bytes(memoryview(f))) for f in chunk.encode())]
+                   for chunk in made]
+        outbound = [[zmq.Frame(WORKER_IDENTITY),
+                     *(zmq.Frame(bytes(memoryview(f))) for f in stand_in_result(chunk, "stand-in-0", 384).encode())]
                     for chunk in made]
 
         def one_round() -> float:
             started = time.perf_counter()
             for chunk_frames, result_frames in zip(inbound, outbound):
-                identity, frames = split_identity([FRONTEND_IDENTITY, *chunk_frames])
-                broker._on_frontend_message(identity, peek(frames))
-                identity, frames = split_identity([WORKER_IDENTITY, *result_frames])
-                broker._on_worker_message(identity, peek(frames))
+                broker._on_frontend_message(*read(chunk_frames))
+                broker._on_worker_message(*read(result_frames))
             return (time.perf_counter() - started) / chunks * 1e6
 
         one_round()

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import zmq
 
-from quiver.broker import metrics
+from quiver.broker import metrics, wire
 from quiver.broker.dispatch import Dispatcher, PendingChunk, QueueFull, WorkerState
 from quiver.broker.model_guard import ModelGuard
 from quiver.common.config import BrokerSettings
@@ -42,17 +42,18 @@ from quiver.common.protocol import (
 from quiver.common.security import (
     FRONTEND_DOMAIN, WORKER_DOMAIN, SecurityError, check_exposure, cluster_secret, secret_matches, server_from,
 )
-from quiver.common.transport import make_socket, recv_peeked, send, send_frames
+from quiver.common.transport import make_socket, send, send_frames
 
 log = logging.getLogger("quiver.broker")
 
-# Messages handled from one socket before looking at the other, so neither side starves the other.
-MAX_MESSAGES_PER_TURN = 1000
+# Rounds of messages (one from each readable socket) handled before the loop looks at its deadlines.
+MAX_ROUNDS_PER_TURN = 1000
 # The gauges (queue depth, chunks and tokens in flight per worker) are set at most this often after a
 # change, not on every turn of the loop: with many workers that was most of the loop's per-message work.
 GAUGE_INTERVAL_S = 0.05
 # Allocations between collections of the youngest generation (Python's default: 700).
 GC_YOUNG_THRESHOLD = 7000
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 class Broker:
@@ -83,6 +84,9 @@ class Broker:
         self.models = ModelGuard()
         self.dispatcher = Dispatcher(settings.max_queued_chunks, settings.max_background_chunks)
         self.refusals = metrics.Refusals()
+        # Settings read for every chunk or message, looked up once.
+        self.liveness_window_s = settings.liveness_window_s
+        self.chunk_hold_s, self.hold_tokens_per_s = settings.chunk_hold_s, settings.chunk_hold_tokens_per_s
         self.running = True
         self.next_heartbeat = 0.0
         self.gauges_due: float | None = 0.0  # when the gauges are next set; None: nothing changed
@@ -94,10 +98,9 @@ class Broker:
     # loop --------------------------------------------------------------------------------------
     def run(self) -> None:
         poller = zmq.Poller()
+        poller.register(self.workers, zmq.POLLIN)  # results first: they free workers for waiting chunks
         poller.register(self.frontends, zmq.POLLIN)
-        poller.register(self.workers, zmq.POLLIN)
         poll, monotonic = poller.poll, time.monotonic
-        frontends, workers = self.frontends, self.workers
         interval = self.settings.heartbeat_interval_s
         spin_s = self.settings.busy_poll_us / 1e6
         last_message = 0.0
@@ -114,11 +117,7 @@ class Broker:
             events = poll(timeout_ms)
             if events:
                 now = last_message = monotonic()
-                readable = [sock for sock, _ in events]
-                if workers in readable:
-                    self._drain(workers, self._on_worker_message, "worker")
-                if frontends in readable:
-                    self._drain(frontends, self._on_frontend_message, "frontend")
+                self._take_waiting(events, poll)
                 if self.dispatcher.queued:
                     self._dispatch_queued()
                 if self.gauges_due is None:
@@ -138,18 +137,41 @@ class Broker:
             metrics.loop_tick()  # the loop went round: its timestamp, and systemd's watchdog
         self.close()
 
-    def _drain(self, sock: zmq.Socket, handler: Callable[[bytes, Message | Routed], None], peer: str) -> None:
-        """Handle the messages waiting on `sock`, at most MAX_MESSAGES_PER_TURN."""
-        for _ in range(MAX_MESSAGES_PER_TURN):
-            try:
-                identity, message = recv_peeked(sock)
-            except zmq.Again:
+    def _take_waiting(self, events: list[tuple[Any, int]], poll: Callable[[int], list[tuple[Any, int]]]) -> None:
+        """Handle the waiting messages: one from each socket `events` found readable, then poll again
+        without waiting, until neither has one or MAX_ROUNDS_PER_TURN rounds have gone. A readable
+        socket holds a whole message, so no receive comes back empty: a receive that raises zmq.Again
+        costs more than a poll of both sockets."""
+        workers = self.workers
+        for _ in range(MAX_ROUNDS_PER_TURN):
+            for sock, _event in events:
+                if sock is workers:
+                    self._take(sock, self._on_worker_message, "worker")
+                else:
+                    self._take(sock, self._on_frontend_message, "frontend")
+            events = poll(0)
+            if not events:
                 return
-            except ProtocolError as exc:
-                metrics.BAD_MESSAGES.labels(peer).inc()
-                self.refusals.warn("message", f"malformed from a {peer}", "%s", exc)
-            else:
-                handler(identity, message)
+
+    def _take(self, sock: zmq.Socket, handler: Callable[[bytes, Message | Routed], None], peer: str) -> None:
+        """Receive one message from `sock` (none if nothing waits) and hand it to `handler`; a malformed
+        one is counted and dropped."""
+        recv = sock.recv
+        try:
+            frame = recv(_NOBLOCK, False)
+        except zmq.Again:
+            return
+        frames = [frame]
+        while frame.more:
+            frame = recv(_NOBLOCK, False)
+            frames.append(frame)
+        try:
+            identity, message = wire.read(frames)
+        except ProtocolError as exc:
+            metrics.BAD_MESSAGES.labels(peer).inc()
+            self.refusals.warn("message", f"malformed from a {peer}", "%s", exc)
+        else:
+            handler(identity, message)
 
     def stop(self, *_: object) -> None:
         self.running = False
@@ -300,7 +322,7 @@ class Broker:
             self.refusals.warn("message", "wrong direction", "a worker sent %s, which workers do not send",
                                  _type_name(message))
             return
-        worker.expiry = time.monotonic() + self.settings.liveness_window_s
+        worker.expiry = time.monotonic() + self.liveness_window_s
 
     def _register(self, identity: bytes, ready: Ready) -> None:
         if ready.version != PROTOCOL_VERSION:
@@ -319,7 +341,7 @@ class Broker:
             return
         worker = WorkerState(
             identity=identity, name=ready.name, device=ready.device, capacity_tokens=ready.capacity_tokens,
-            tasks=frozenset(ready.tasks), expiry=time.monotonic() + self.settings.liveness_window_s,
+            tasks=frozenset(ready.tasks), expiry=time.monotonic() + self.liveness_window_s,
             output_dim=ready.output_dim, output_dtype=ready.output_dtype, model=ready.model,
             fingerprint=ready.fingerprint, token_dim=ready.token_dim,
         )
@@ -330,7 +352,8 @@ class Broker:
                  ready.output_dtype)
 
     def _on_outcome(self, worker: WorkerState, message: Routed | Error) -> None:
-        chunk = self.dispatcher.inflight.get(message.chunk_id)
+        chunk_id = message.header["chunk_id"] if type(message) is Routed else message.chunk_id
+        chunk = self.dispatcher.inflight.get(chunk_id)
         if chunk is None:
             metrics.DUPLICATE_RESULTS.inc()  # answered already, cancelled, or never known
             return
@@ -339,7 +362,7 @@ class Broker:
                 metrics.DUPLICATE_RESULTS.inc()  # a late answer after the chunk was taken back
             else:
                 self.refusals.refuse(_type_name(message), "not_assigned",
-                                     "for chunk %s from worker %s, which was not given it", message.chunk_id, worker.name)
+                                     "for chunk %s from worker %s, which was not given it", chunk_id, worker.name)
             return
         if type(message) is Routed:
             header = message.header
@@ -349,7 +372,7 @@ class Broker:
                                               ("dtype", header.get("dtype", "float32"), worker.output_dtype)):
                     if got != expected:
                         self.refusals.refuse("RESULT", reason, "for chunk %s from worker %s: %s %r where %r is due",
-                                             message.chunk_id, worker.name, reason, got, expected)
+                                             chunk_id, worker.name, reason, got, expected)
                         return
             self.dispatcher.complete(chunk.chunk_id)
             # Forwarded as received: the header and the values frame are the worker's own buffers.
@@ -386,8 +409,7 @@ class Broker:
     def _hold_budget_s(self, worker: WorkerState, chunk: PendingChunk) -> float:
         """How long `worker` may hold `chunk` before it is given to another: a fixed allowance plus the
         time to run, at the slowest expected rate, the tokens it already holds and the chunk's own."""
-        tokens = worker.outstanding_tokens + chunk.num_tokens
-        return self.settings.chunk_hold_s + tokens / self.settings.chunk_hold_tokens_per_s
+        return self.chunk_hold_s + (worker.outstanding_tokens + chunk.num_tokens) / self.hold_tokens_per_s
 
     def _send_to_worker(self, chunk: PendingChunk, worker: WorkerState, as_received: bool = False) -> None:
         """Assign and send a chunk. `as_received`: it is dispatched in the turn it arrived, so its header

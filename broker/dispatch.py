@@ -220,13 +220,15 @@ class Dispatcher:
         if chunk.former_workers:
             return self._pick_worker_but_former(chunk)
         best, fewest = None, 0
+        background = chunk.background
         for worker in self.workers.values():
-            if worker.fits(chunk) and not (chunk.background and worker.background_chunks >= self.max_background):
-                tokens = worker.outstanding_tokens
-                if best is None or tokens < fewest:
-                    best, fewest = worker, tokens
-                    if not tokens:
-                        break  # idle: no worker is better
+            tokens = worker.outstanding_tokens
+            if best is not None and tokens >= fewest:
+                continue  # not better than the one found, whether or not it fits
+            if worker.fits(chunk) and not (background and worker.background_chunks >= self.max_background):
+                best, fewest = worker, tokens
+                if not tokens:
+                    break  # idle: no worker is better
         return best
 
     def _pick_worker_but_former(self, chunk: PendingChunk) -> WorkerState | None:
