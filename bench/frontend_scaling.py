@@ -4,11 +4,13 @@ Starts the real broker and the real frontend on loopback, with stand-in workers 
 chunk at once (quiver.bench.stand_in_peers), so nothing but the frontend's CPU work — HTTP, JSON,
 validation, tokenization, chunking, assembling and encoding the answer — and the hops to the broker
 bound the rate. Client processes post /embed requests of a few short texts over keep-alive
-connections and check that every answer is 200 with one row of the model's width per text. For each
+connections and check that every answer is 200 with one row of the model's width per text; with
+--token-ids N they post /v1/embeddings requests of N token ids each instead (no tokenization). For each
 N it reports requests/s, texts/s, the client's p50/p99 and the CPU the frontend's processes used.
 
     python -m quiver.bench.frontend_scaling --processes 1,2,4,8 --clients 4 --connections 8 --out DIR
     python -m quiver.bench.frontend_scaling --quick --out DIR     # 1 and 2 processes, briefly, for CI
+    python -m quiver.bench.frontend_scaling --processes 1 --clients 1 --connections 4 --token-ids 128
 """
 
 from __future__ import annotations
@@ -68,14 +70,26 @@ def request_bodies(texts_per_request: int, count: int = 256) -> list[bytes]:
                         "truncate": True}).encode() for _ in range(count)]
 
 
-def _connection_loop(port: int, bodies: list[bytes], texts: int, dim: int, stop_at: float, out: list[Any]) -> None:
+def token_id_bodies(texts_per_request: int, ids_per_input: int, count: int = 256) -> list[bytes]:
+    """JSON bodies of /v1/embeddings requests, each `texts_per_request` inputs of `ids_per_input` token ids
+    (ids 1000 and up, inside any packaged model's vocabulary); one input is sent as a flat list."""
+    rng = np.random.default_rng(0)
+    bodies = []
+    for _ in range(count):
+        rows = [[int(x) for x in rng.integers(1000, 2000, ids_per_input)] for _ in range(texts_per_request)]
+        bodies.append(json.dumps({"input": rows[0] if texts_per_request == 1 else rows}).encode())
+    return bodies
+
+
+def _connection_loop(port: int, bodies: list[bytes], texts: int, dim: int, stop_at: float, out: list[Any],
+                     path: str = "/embed") -> None:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     latencies, failures, turn = [], 0, 0
     while time.monotonic() < stop_at:
         body = bodies[turn % len(bodies)]
         turn += 1
         started = time.monotonic()
-        connection.request("POST", "/embed", body=body, headers={"Content-Type": "application/json"})
+        connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
         response = connection.getresponse()
         payload = response.read()
         latencies.append(time.monotonic() - started)
@@ -83,6 +97,8 @@ def _connection_loop(port: int, bodies: list[bytes], texts: int, dim: int, stop_
             failures += 1
             continue
         rows = json.loads(payload)
+        if path != "/embed":
+            rows = [item["embedding"] for item in rows["data"]]
         if len(rows) != texts or any(len(row) != dim for row in rows):
             failures += 1
     connection.close()
@@ -90,14 +106,16 @@ def _connection_loop(port: int, bodies: list[bytes], texts: int, dim: int, stop_
 
 
 def drive_clients(port: int, connections: int, texts: int, dim: int, seconds: float, ready: Any, go: Any,
-                  report: Any) -> None:
-    """Process body: `connections` threads, each a keep-alive connection posting /embed back to back."""
-    bodies = request_bodies(texts)
+                  report: Any, token_ids: int = 0) -> None:
+    """Process body: `connections` threads, each a keep-alive connection posting /embed (with `token_ids`,
+    /v1/embeddings of that many ids per input) back to back."""
+    bodies = token_id_bodies(texts, token_ids) if token_ids else request_bodies(texts)
+    path = "/v1/embeddings" if token_ids else "/embed"
     ready.put(os.getpid())
     go.wait()
     stop_at = time.monotonic() + seconds
     out: list[Any] = []
-    threads = [threading.Thread(target=_connection_loop, args=(port, bodies, texts, dim, stop_at, out))
+    threads = [threading.Thread(target=_connection_loop, args=(port, bodies, texts, dim, stop_at, out, path))
                for _ in range(connections)]
     for thread in threads:
         thread.start()
@@ -135,7 +153,8 @@ def measure(processes: int, args: argparse.Namespace, model: str, dim: int, brok
     mp = multiprocessing.get_context("spawn")
     ready, go, reports = mp.Queue(), mp.Event(), mp.Queue()
     clients = [mp.Process(target=drive_clients, daemon=True,
-                          args=(port, args.connections, args.texts, dim, args.seconds, ready, go, reports))
+                          args=(port, args.connections, args.texts, dim, args.seconds, ready, go, reports,
+                                args.token_ids))
                for _ in range(args.clients)]
     try:
         wait_healthy(f"http://127.0.0.1:{port}", 120.0, frontend)
@@ -185,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=2, help="client processes")
     parser.add_argument("--connections", type=int, default=8, help="keep-alive connections per client process")
     parser.add_argument("--texts", type=int, default=4, help="texts per request")
+    parser.add_argument("--token-ids", type=int, default=0,
+                        help="post /v1/embeddings inputs of this many token ids instead of /embed texts")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each run")
     parser.add_argument("--stand-in-workers", type=int, default=2, help="stand-in workers behind the broker")
     parser.add_argument("--frontend-args", default="", help="extra options of `quiver frontend`")
@@ -218,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         broker.terminate()
         broker.wait(10)
     meta = {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "model": model, "seconds": args.seconds,
-            "clients": args.clients, "connections": args.connections, "texts": args.texts}
+            "clients": args.clients, "connections": args.connections, "texts": args.texts, "token_ids": args.token_ids}
     table = markdown(rows, args)
     if args.out:
         (out / "frontend_scaling.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
