@@ -42,7 +42,7 @@ from quiver.common.protocol import (
 from quiver.common.security import (
     FRONTEND_DOMAIN, WORKER_DOMAIN, SecurityError, check_exposure, cluster_secret, secret_matches, server_from,
 )
-from quiver.common.transport import make_socket, send, send_frames
+from quiver.common.transport import make_socket, recv_frames, send, send_frames
 
 log = logging.getLogger("quiver.broker")
 
@@ -53,7 +53,6 @@ MAX_ROUNDS_PER_TURN = 1000
 GAUGE_INTERVAL_S = 0.05
 # Allocations between collections of the youngest generation (Python's default: 700).
 GC_YOUNG_THRESHOLD = 7000
-_NOBLOCK = int(zmq.NOBLOCK)
 
 
 class Broker:
@@ -156,15 +155,10 @@ class Broker:
     def _take(self, sock: zmq.Socket, handler: Callable[[bytes, Message | Routed], None], peer: str) -> None:
         """Receive one message from `sock` (none if nothing waits) and hand it to `handler`; a malformed
         one is counted and dropped."""
-        recv = sock.recv
         try:
-            frame = recv(_NOBLOCK, False)
+            frames = recv_frames(sock)
         except zmq.Again:
             return
-        frames = [frame]
-        while frame.more:
-            frame = recv(_NOBLOCK, False)
-            frames.append(frame)
         try:
             identity, message = wire.read(frames)
         except ProtocolError as exc:
