@@ -9,10 +9,9 @@ accept it or raise the ProtocolError that names its fault.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import fields
 from typing import Any
-
-import functools
 
 import msgpack
 import zmq

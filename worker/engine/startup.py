@@ -1,15 +1,16 @@
-"""load_engine: build the model, then (on a GPU) choose the fusion, the BLAS library and the GELU epilogue, size the token
-budget to the memory fraction, measure attention backends at common shapes, capture every CUDA graph, and
-log what the engine holds. With dtype fp8, the model is first held to a float32 reference."""
+"""load_engine: build the model, then (on a GPU) choose the fusion, the BLAS library and the GELU epilogue,
+size the token budget to the memory fraction, measure attention backends at common shapes, capture every
+CUDA graph, and log what the engine holds. With dtype fp8, the model is first held to a float32 reference."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -97,9 +98,10 @@ def load_engine(
         engine.info.dtype = FP8
         detail["fp8_min_cosine"] = check_fp8(engine, fp8_reference, fp8_min_cosine)
     if dev.type == "cuda":
-        detail.update(choose_fusion(engine, fusion, fusion_agreement(detail.get("fp8_min_cosine"))))
+        agreement = fusion_agreement(detail.get("fp8_min_cosine"))
+        detail.update(choose_fusion(engine, fusion, agreement))
         detail.update(choose_blas(engine))
-        detail.update(choose_gelu_epilogue(engine, fusion_agreement(detail.get("fp8_min_cosine"))))
+        detail.update(choose_gelu_epilogue(engine, agreement))
         phase = time.perf_counter()
         size_memory(engine, gpu_memory_fraction or DEFAULT_GPU_MEMORY_FRACTION)
         survey_attention(engine)
@@ -232,28 +234,41 @@ def choose_fusion(engine: Engine, mode: str, min_agreement: float = 0.999) -> di
 BLAS_LIBRARIES = ("cublas", "cublaslt")
 
 
+def _alternating_times_ms(engine: Engine, probes: list[Batch], variants: dict[str, Callable[[], object]],
+                          rounds: int = 2) -> dict[str, list[float]]:
+    """Graph replay ms of each probe under each variant (installed by calling it), the least over `rounds`
+    rounds that alternate between the variants, so that a drift of the GPU's clock meets them all alike."""
+    times: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for name, install in variants.items():
+            install()
+            sample = [_graph_time_ms(engine, p) for p in probes]
+            times[name] = [min(a, b) for a, b in zip(times.get(name, sample), sample)]
+    return times
+
+
+def _rounded(times: dict[str, list[float]]) -> dict[str, list[float]]:
+    return {name: [round(t, 3) for t in values] for name, values in times.items()}
+
+
 def choose_blas(engine: Engine) -> dict[str, Any]:
     """cuBLAS or cuBLASLt for the bf16 products, whichever replays short steps (128 and 512 tokens, where
     the products are bound by reading their weights) faster, in two alternating rounds; before any graph
     is captured. torch's preference is process-wide: one worker serves one engine."""
     probes = [_probe(engine, 128, 128), _probe(engine, 512, 512)]
-    times: dict[str, list[float]] = {}
+    prefer = torch.backends.cuda.preferred_blas_library
     try:
-        for _ in range(2):
-            for library in BLAS_LIBRARIES:
-                torch.backends.cuda.preferred_blas_library(library)
-                sample = [_graph_time_ms(engine, p) for p in probes]
-                times[library] = [min(a, b) for a, b in zip(times.get(library, sample), sample)]
+        times = _alternating_times_ms(engine, probes, {library: functools.partial(prefer, library)
+                                                       for library in BLAS_LIBRARIES})
     except Exception as exc:  # noqa: BLE001 - a library that cannot be timed is not chosen; cuBLAS stays
         log.warning("blas probe failed, keeping cublas: %s", exc)
-        torch.backends.cuda.preferred_blas_library(BLAS_LIBRARIES[0])
+        prefer(BLAS_LIBRARIES[0])
         return {}
     chosen = min(BLAS_LIBRARIES, key=lambda library: sum(times[library]))
-    torch.backends.cuda.preferred_blas_library(chosen)
+    prefer(chosen)
     engine.info.blas = chosen
-    log.info("blas probe (graph replay ms at 128 / 512 tokens): %s; using %s",
-             {k: [round(t, 3) for t in v] for k, v in times.items()}, chosen)
-    return {"blas_probe_ms": {k: [round(t, 3) for t in v] for k, v in times.items()}}
+    log.info("blas probe (graph replay ms at 128 / 512 tokens): %s; using %s", _rounded(times), chosen)
+    return {"blas_probe_ms": _rounded(times)}
 
 
 def choose_gelu_epilogue(engine: Engine, min_agreement: float = 0.999) -> dict[str, Any]:
@@ -265,33 +280,31 @@ def choose_gelu_epilogue(engine: Engine, min_agreement: float = 0.999) -> dict[s
     separate: ElementwiseOps = engine.model.ops
     fused = dataclasses.replace(separate, gelu_epilogue=True)
     check = _probe(engine, 320, 160, seed=1)
-    reference = engine.run_eager(check)
-    engine.model.ops = fused
     probes = [p for p in (_probe(engine, 128, 128), _probe(engine, 8192, 512))
               if p.num_tokens <= engine.info.max_batch_tokens]
-    times: dict[str, list[float]] = {}
+
+    def use(ops: ElementwiseOps) -> Callable[[], None]:
+        return lambda: setattr(engine.model, "ops", ops)
+
     try:
+        reference = engine.run_eager(check)
+        use(fused)()
         cosine = _min_cosine(engine.run_eager(check), reference)
         if cosine <= min_agreement:
             log.warning("the GELU epilogue disagrees with the separate units (cosine %.6f); not used", cosine)
             return {}
-        for _ in range(2):
-            for name, ops in (("separate", separate), ("epilogue", fused)):
-                engine.model.ops = ops
-                sample = [_graph_time_ms(engine, p) for p in probes]
-                times[name] = [min(a, b) for a, b in zip(times.get(name, sample), sample)]
+        times = _alternating_times_ms(engine, probes, {"separate": use(separate), "epilogue": use(fused)})
     except Exception as exc:  # noqa: BLE001 - an epilogue that cannot run or be timed is not used
         log.warning("GELU epilogue probe failed, not used: %s", exc)
         return {}
     finally:
-        engine.model.ops = separate
-    rounded = {k: [round(t, 3) for t in v] for k, v in times.items()}
+        use(separate)()
     if sum(times["epilogue"]) < sum(times["separate"]):
-        engine.model.ops = fused
+        use(fused)()
         engine.info.gelu_epilogue = True
     log.info("GELU epilogue probe (graph replay ms at %s tokens): %s; %s", [p.num_tokens for p in probes],
-             rounded, "using the epilogue" if engine.info.gelu_epilogue else "keeping separate units")
-    return {"gelu_epilogue_probe_ms": rounded, "gelu_epilogue_cosine": round(cosine, 6)}
+             _rounded(times), "using the epilogue" if engine.info.gelu_epilogue else "keeping separate units")
+    return {"gelu_epilogue_probe_ms": _rounded(times), "gelu_epilogue_cosine": round(cosine, 6)}
 
 
 def size_memory(engine: Engine, fraction: float) -> None:

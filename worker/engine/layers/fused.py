@@ -73,13 +73,14 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-GELU_KINDS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+TANH_GELU_KINDS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+GELU_KINDS = ("gelu", *TANH_GELU_KINDS)
 
 
 def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "gelu":
         return F.gelu(x)
-    if kind in GELU_KINDS:
+    if kind in TANH_GELU_KINDS:
         return F.gelu(x, approximate="tanh")
     if kind == "relu":
         return F.relu(x)
