@@ -30,6 +30,7 @@ from tokenizers import Encoding, Tokenizer
 from quiver.common.model_info import ModelInfo
 from quiver.common.ragged import EMPTY_ROW, OUT_OF_VOCABULARY, TOO_LONG, RaggedError, RaggedIds, RaggedLimits
 from quiver.frontend.errors import APIError
+from quiver.frontend.schemas import TokenIdList
 from quiver.frontend.tracing import record_tokenization
 
 # Above this many characters in one call, tokenization always leaves the event loop for the pool; under
@@ -215,6 +216,8 @@ class TextTokenizer:
         """Token-id inputs, taken as they are (no special tokens added), checked whole, then truncated."""
         vocab = self.info.vocab_size
         limits = self.vocabulary_limits if truncate else self.limits
+        if len(seqs) == 1 and isinstance(seqs[0], TokenIdList):
+            return self._checked_row(seqs[0].ids, truncate, direction, param, limits)
         small = small_ragged(seqs, None, limits)
         if small is not None:
             if truncate and any(len(seq) > self.max_length for seq in seqs):
@@ -229,6 +232,20 @@ class TextTokenizer:
         if truncate:
             ids = ids.truncated(self.max_length, _normalise_direction(direction))
         return ids.with_dtype(np.int32)
+
+    def _checked_row(self, ids: np.ndarray, truncate: bool, direction: str, param: str,
+                     limits: RaggedLimits) -> RaggedIds:
+        """One input's int32 ids, converted while the request was validated (schemas.TokenIdList), as
+        check_ids takes them: one reduction on the good path (as small_ragged's), RaggedIds.validate's
+        error on any other. The ids are not copied unless truncated."""
+        seqs = RaggedIds(ids, np.array([ids.size], dtype=np.int32))
+        # Seen as unsigned, a negative id is larger than any vocabulary: one reduction checks both bounds.
+        fits = limits.max_length is None or ids.size <= limits.max_length
+        if not (fits and ids.size and int(ids.view(np.uint32).max()) < self.info.vocab_size):
+            seqs = self._checked(seqs, param, limits, empty="is an empty list of token ids")
+        if truncate:
+            seqs = seqs.truncated(self.max_length, _normalise_direction(direction))
+        return seqs
 
     async def tokens_json(self, texts: list[str], add_special_tokens: bool, max_tokens: int) -> bytes:
         """TEI's /tokenize answer as JSON bytes, made on the pool; 413 past `max_tokens` tokens in all."""

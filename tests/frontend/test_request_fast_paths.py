@@ -3,12 +3,13 @@ exact routes dispatched past Starlette's router."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 from starlette.routing import Route
 
 from quiver.frontend.app import exact_routes
-from quiver.frontend.schemas import EmbeddingRequest, EmbedRequest
+from quiver.frontend.schemas import EmbeddingRequest, EmbedRequest, TokenIdList
 
 
 async def _endpoint(request):  # pragma: no cover - never called
@@ -21,7 +22,21 @@ def test_flat_token_ids_are_taken_as_they_are(value):
     assert EmbedRequest.model_validate({"inputs": value}).inputs == value
 
 
-@pytest.mark.parametrize("value", [[True], [1, True], [1.0], [1, "a"], [[1], 2], None, 1])
+@pytest.mark.parametrize("value", [[1, 2, 3], [0, 1, 5], [-5, 2**31 - 1, -2**31], [7] * 5000])
+def test_flat_token_ids_within_int32_come_with_their_array(value):
+    taken = EmbeddingRequest.model_validate({"input": value}).input
+    assert isinstance(taken, TokenIdList) and taken == value
+    assert taken.ids.dtype == np.int32 and taken.ids.tolist() == value
+
+
+@pytest.mark.parametrize("value", [[2**31], [1, -2**31 - 1], [2**70]])
+def test_flat_token_ids_beyond_int32_stay_a_plain_list(value):
+    taken = EmbeddingRequest.model_validate({"input": value}).input
+    assert type(taken) is list and taken == value
+
+
+@pytest.mark.parametrize("value", [[True], [1, True], [5, False, 6], [0, 1, True, 0], [1.0], [3, 1.5], [1, "a"],
+                                   [1, None], [[1], 2], [2, [1]], [2**70, True], None, 1])
 def test_other_inputs_keep_the_unions_errors(value):
     with pytest.raises(ValidationError) as caught:
         EmbeddingRequest.model_validate({"input": value})

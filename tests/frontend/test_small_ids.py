@@ -15,6 +15,7 @@ from quiver.common.ragged import RaggedIds, RaggedLimits
 from quiver.frontend import tokenization
 from quiver.frontend.connections import HeadHoldingTransport
 from quiver.frontend.errors import APIError
+from quiver.frontend.schemas import EmbeddingRequest, TokenIdList
 from quiver.frontend.tokenization import SMALL_IDS, TextTokenizer, small_ragged
 
 
@@ -62,6 +63,21 @@ def test_token_ids_meet_the_same_checks_on_both_paths(tokenizer: TextTokenizer, 
     for rows in id_inputs(tokenizer.info.vocab_size, tokenizer.max_length):
         small, full = both_paths(monkeypatch, functools.partial(tokenizer.check_ids, rows, truncate, direction))
         assert small == full, rows
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+@pytest.mark.parametrize("direction", ["right", "Left"])
+def test_validated_token_ids_meet_the_same_checks_as_a_plain_list(tokenizer: TextTokenizer, truncate: bool,
+                                                                  direction: str) -> None:
+    """A flat input validated by the request model (a TokenIdList, its ids converted already) gives what
+    the same ids as a plain list give, on the small and the full path alike."""
+    vocab, limit = tokenizer.info.vocab_size, tokenizer.max_length
+    for ids in ([1, 2, 3], [5] * limit, [5] * (limit + 1), [vocab - 1, vocab], [3, -1], [0, 7],
+                list(range(1, SMALL_IDS + 50)), [2**31 - 1]):
+        taken = EmbeddingRequest.model_validate({"input": ids}).input
+        assert isinstance(taken, TokenIdList)
+        fast = outcome(functools.partial(tokenizer.check_ids, [taken], truncate, direction))
+        assert fast == outcome(functools.partial(tokenizer.check_ids, [list(ids)], truncate, direction)), ids
 
 
 def test_texts_and_pairs_meet_the_same_checks_on_both_paths(tokenizer: TextTokenizer,
