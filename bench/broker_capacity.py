@@ -40,7 +40,11 @@ from quiver.bench.stand_in_peers import FrontendRun, drive_stand_in_frontend, se
 from quiver.common.security import CurveClient, make_keys
 
 
-def free_endpoint() -> str:
+def free_endpoint(transport: str = "tcp") -> str:
+    """A loopback TCP endpoint on a free port, or (transport "ipc") a new Unix socket path: `quiver serve`'s
+    own broker endpoints on one host are ipc://; TCP is what workers on other hosts reach."""
+    if transport == "ipc":
+        return f"ipc://{tempfile.mkdtemp(prefix='quiver-bench-ipc-')}/broker.sock"
     return f"tcp://127.0.0.1:{free_port()}"
 
 
@@ -97,7 +101,7 @@ def run_once(workers: int, frontends: int, window: int, seconds: float, args: ar
     mp = multiprocessing.get_context("spawn")
     stop, go = mp.Event(), mp.Event()
     worker_reports, frontend_reports, ready = mp.Queue(), mp.Queue(), mp.Queue()
-    frontend_endpoint, worker_endpoint = free_endpoint(), free_endpoint()
+    frontend_endpoint, worker_endpoint = free_endpoint(args.transport), free_endpoint(args.transport)
     broker = None
     frontend_curve = worker_curve = None
     if workers:
@@ -206,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                         "holding quiver/, broker/, common/ and setup.cfg, e.g. an earlier commit's) for before/after")
     parser.add_argument("--curve", action="store_true", help="CurveZMQ on both broker endpoints (the layout "
                         "of a broker serving other hosts); the direct rows stay plain")
+    parser.add_argument("--transport", choices=("tcp", "ipc"), default="tcp", help="the broker's endpoints: "
+                        "loopback TCP (the layout of workers on other hosts) or ipc:// (`quiver serve` on one host)")
     parser.add_argument("--quick", action="store_true", help="1 and 2 workers, 1 s each: a smoke run for CI")
     parser.add_argument("--out", default="", help="folder for broker_capacity.json and .md (default: print only)")
     args = parser.parse_args(argv)
@@ -223,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             print(markdown([row]).splitlines()[-1], flush=True)
     meta = {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "seconds": seconds, "seqs": args.seqs,
             "tokens": args.tokens, "dim": args.dim, "broker_args": args.broker_args, "curve": args.curve,
-            "broker_tree": args.broker_tree}
+            "transport": args.transport, "broker_tree": args.broker_tree}
     table = markdown(rows)
     if args.out:
         (out / "broker_capacity.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
