@@ -129,7 +129,7 @@ class Pipeline:
         own = None
         if ticket is None:
             own = ticket = self.admission.reserve(first.num_tokens, estimated=False)
-        parts = [first]
+        num_tokens = first.num_tokens
         runs: list[tuple[asyncio.Future, Timings]] = []
 
         def start(part: RaggedIds) -> None:
@@ -142,9 +142,8 @@ class Pipeline:
                 for run, _ in runs:
                     if run.done():
                         run.result()  # it failed already: its error is the request's
-                parts.append(part)
+                num_tokens += part.num_tokens
                 start(part)
-            num_tokens = sum(part.num_tokens for part in parts)
             ticket.settle(num_tokens)
             results = [await run for run, _ in runs]
         finally:
