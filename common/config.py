@@ -144,6 +144,8 @@ class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     request_timeout_s: float = option(60.0, "deadline of a request (504 beyond)")
     tokenizer_threads: int = option(0, "threads for tokenization (0: the tokenizers library's default)")
     tokenization_pool_threads: int = option(4, "threads that tokenize requests off the event loop")
+    busy_poll_us: int = option(0, "keep the event loop from sleeping while chunks wait and this long after the "
+                                  "last result (lower latency, more CPU)")
     max_tokenize_tokens: int = option(262_144, "tokens one /tokenize request may return (413 beyond)")
     header_timeout_s: float = option(10.0, "a connection's request line and headers must arrive within this")
     body_timeout_s: float = option(60.0, "a request's body must arrive within this after its headers (408)")
@@ -192,6 +194,8 @@ class ServeSettings(FrontendSettings):
     max_retries: int = option(2, "broker: re-dispatches of a chunk whose worker died")
     busy_poll_us: int = option(-1, "broker and GPU workers poll without sleeping this long after a message "
                                    "(-1: 20000 with GPUs, 0 on CPUs)")
+    frontend_busy_poll_us: int = option(-1, "the frontend's event loop stays awake this long after the last "
+                                            "result (-1: as --busy-poll-us)")
     metrics_host: str = option("127.0.0.1", "address the broker's and the workers' /metrics bind")
     broker_metrics_port: int = option(9300, "port of the broker's /metrics (0: none; when taken, a free one, logged)")
     worker_metrics_port: int = option(9400, "port of worker N's /metrics is this + N (0: none; when taken, a free "

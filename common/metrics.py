@@ -105,6 +105,8 @@ CONTRACT: tuple[MetricSpec, ...] = (
           "Chunks sent to the broker"),
     _spec("quiver_frontend_chunks_resent_total", "counter", FRONTEND, (),
           "Chunks sent again after the broker came back"),
+    _spec("quiver_frontend_busy_poll_seconds_total", "counter", FRONTEND, (),
+          "Seconds the event loop was kept from sleeping around traffic (--busy-poll-us)"),
     _spec("quiver_frontend_bad_messages_total", "counter", FRONTEND, (),
           "Malformed messages received from the broker"),
     _spec("quiver_frontend_other_model_names_total", "counter", FRONTEND, (),

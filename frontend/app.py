@@ -6,6 +6,7 @@ Nothing here imports torch: the frontend needs the tokenizer and the checkpoint'
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from importlib.metadata import entry_points
@@ -23,6 +24,7 @@ from quiver.common.security import client_from
 from quiver.common.tracing import Tracing
 from quiver.frontend.errors import OPENAI, TEI, APIError, render
 from quiver.frontend.http import RouteApp, RouteSpec, endpoint
+from quiver.frontend.keep_awake import CountedPool
 from quiver.frontend.openapi import build_openapi
 from quiver.frontend.models import build_registry
 from quiver.frontend.routes import ROUTES
@@ -97,6 +99,7 @@ def create_app(settings: FrontendSettings) -> FrontendApp:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        asyncio.get_running_loop().set_default_executor(CountedPool(thread_name_prefix="asyncio"))  # keep_awake.py
         await client.start()
         for extension in extensions:
             extension.start()

@@ -17,6 +17,9 @@ future per receive and per send and wake a task for each (about 15 % of the fron
 request in a batch-1 profile). ZeroMQ's descriptor is edge-triggered: it is signalled when the socket's
 events change, and a send may consume that signal, so after each send the socket's EVENTS are read and
 a receive scheduled if a message is waiting.
+
+With `busy_poll_us`, the loop is kept from sleeping while chunks wait and for that long after the last
+result (frontend/keep_awake.py).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from quiver.common.protocol import (
 from quiver.common.security import CurveClient
 from quiver.common.transport import make_socket, recv_frames, send_frames
 from quiver.frontend import metrics
+from quiver.frontend.keep_awake import KeepAwake
 
 log = logging.getLogger("quiver.frontend.broker")
 
@@ -91,7 +95,7 @@ class _Waiting:
 class BrokerClient:
     def __init__(self, endpoint: str, heartbeat_interval_s: float, liveness: int,
                  curve: CurveClient | None = None, fingerprint: str = "", model: str = "",
-                 models: dict[str, str] | None = None) -> None:
+                 models: dict[str, str] | None = None, busy_poll_us: int = 0) -> None:
         self.endpoint = endpoint
         self.curve = curve
         # Named in every heartbeat: the broker serves this frontend only from workers of this model, or
@@ -116,6 +120,7 @@ class BrokerClient:
         self._heartbeats: asyncio.Task | None = None
         self._socket_since = 0.0
         self._recheck: asyncio.Future | None = None
+        self.keep_awake = KeepAwake(busy_poll_us / 1e6, busy=lambda: bool(self.waiting))
 
     @property
     def broker_alive(self) -> bool:
@@ -208,6 +213,7 @@ class BrokerClient:
         if self._heartbeats is not None:
             self._heartbeats.cancel()
             await asyncio.gather(self._heartbeats, return_exceptions=True)
+        await self.keep_awake.stop()
         if self.sock is not None:
             self._send(Disconnect(reason="frontend stopping"))
             self._close_socket()
@@ -226,6 +232,7 @@ class BrokerClient:
         try:
             if not self._send(chunk):
                 raise ChunkFailed("overloaded", "the frontend's queue to the broker is full")
+            self.keep_awake.touch()
             return await future
         except asyncio.CancelledError:
             answered = future.done() and not future.cancelled()  # cancelling the task cancels the future too
@@ -280,6 +287,7 @@ class BrokerClient:
                     log.warning("the broker restarted (instance %s, was %s)", message.broker_id, self.broker_id)
                 self.broker_id = message.broker_id
         elif isinstance(message, (Result, Error)):
+            self.keep_awake.touch()
             waiting = self.waiting.get(message.chunk_id)
             if waiting is not None and not waiting.future.done():
                 if isinstance(message, Result):

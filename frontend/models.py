@@ -70,7 +70,8 @@ def build_registry(settings: FrontendSettings, curve: CurveClient | None) -> tup
     _, first_info, first_fingerprint = loaded[0]
     client = BrokerClient(settings.broker, settings.heartbeat_interval_s, settings.liveness, curve=curve,
                           fingerprint=first_fingerprint, model=first_info.name,
-                          models={fp: info.name for _, info, fp in loaded} if len(loaded) > 1 else None)
+                          models={fp: info.name for _, info, fp in loaded} if len(loaded) > 1 else None,
+                          busy_poll_us=settings.busy_poll_us)
     admission = Admission(settings.max_inflight_tokens)
     services = [Service(model_settings, info, client, admission=admission, fingerprint=fingerprint)
                 for model_settings, info, fingerprint in loaded]

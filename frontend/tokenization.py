@@ -20,7 +20,6 @@ import asyncio
 import functools
 import itertools
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Literal, Sequence, TypeVar, Union
 
 import numpy as np
@@ -30,6 +29,7 @@ from tokenizers import Encoding, Tokenizer
 from quiver.common.model_info import ModelInfo
 from quiver.common.ragged import EMPTY_ROW, OUT_OF_VOCABULARY, TOO_LONG, RaggedError, RaggedIds, RaggedLimits
 from quiver.frontend.errors import APIError
+from quiver.frontend.keep_awake import CountedPool
 from quiver.frontend.schemas import TokenIdList
 from quiver.frontend.tracing import record_tokenization
 
@@ -99,8 +99,8 @@ def _cut(ids: list[int], limit: int, direction: str) -> list[int]:
 class TextTokenizer:
     def __init__(self, info: ModelInfo, pool_threads: int = 4, loop_use: Callable[[], LoopUse] = lambda: ALONE) -> None:
         self.info = info
-        self.pool = ThreadPoolExecutor(max(1, pool_threads), thread_name_prefix="tokenize")
-        self.background_pool = ThreadPoolExecutor(BACKGROUND_POOL_THREADS, thread_name_prefix="tokenize-background")
+        self.pool = CountedPool(max(1, pool_threads), thread_name_prefix="tokenize")
+        self.background_pool = CountedPool(BACKGROUND_POOL_THREADS, thread_name_prefix="tokenize-background")
         self.loop_use = loop_use
         self.max_length = info.max_input_length
         serialized = Tokenizer.from_file(str(info.tokenizer_path)).to_str()

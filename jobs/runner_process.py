@@ -48,7 +48,8 @@ FIRST_RESTART_WAIT_S = 1.0
 def spawn(settings: FrontendSettings) -> subprocess.Popen:
     """Start the runner process for this frontend process's settings."""
     env = dict(os.environ)
-    env[SETTINGS_ENV] = json.dumps(dataclasses.asdict(settings))
+    # Bulk work is about throughput: the runner's loop sleeps between messages (no busy polling).
+    env[SETTINGS_ENV] = json.dumps(dataclasses.asdict(dataclasses.replace(settings, busy_poll_us=0)))
     env[PARENT_ENV] = str(os.getpid())
     env.pop("NOTIFY_SOCKET", None)  # systemd hears READY from the HTTP process only
     return subprocess.Popen([sys.executable, "-m", "quiver.jobs.runner_process"], env=env, stdin=subprocess.DEVNULL)

@@ -20,10 +20,11 @@ import os
 import secrets
 import sqlite3
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
+
+from quiver.frontend.keep_awake import CountedPool
 
 T = TypeVar("T")
 
@@ -320,7 +321,7 @@ class AsyncStore:
     """The store driven from an event loop: every call runs on one thread that owns the connection."""
 
     def __init__(self, data_dir: str | Path) -> None:
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="quiver-store")
+        self._executor = CountedPool(1, thread_name_prefix="quiver-store")
         self.store = self._executor.submit(Store, data_dir).result()
 
     async def call(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -275,6 +275,7 @@ def plan_children(settings: ServeSettings, model_dir: Path, runtime_dir: Path, g
             "model_name": (entry.names() or [""])[0],
         }), base_env))
     frontend = {"broker": frontend_endpoint, "model": entries[0].model, "served_model_name": entries[0].served_model_name,
+                "busy_poll_us": s.frontend_busy_poll_us if s.frontend_busy_poll_us >= 0 else busy_poll_us,
                 "http_processes": s.http_processes or default_http_processes(len(devices) if on_gpu else 0,
                                                                              os.cpu_count() or 1)}
     if len(entries) > 1:

@@ -164,10 +164,14 @@ def test_an_option_with_choices_takes_them_from_the_command_line_and_the_environ
     assert exited.value.code == 2 and "QUIVER_LINK_THREAD='sometimes': choose from auto, on, off" in capsys.readouterr().err
 
 
-def test_beside_gpus_the_broker_and_workers_busy_poll_for_20_ms_and_never_on_cpus(monkeypatch, tmp_path):
+def test_beside_gpus_the_broker_workers_and_frontend_busy_poll_for_20_ms_and_never_on_cpus(monkeypatch, tmp_path):
     clear_quiver_environment(monkeypatch)
     for device, gpus, window in (("cuda", 1, 20_000), ("cpu", 0, 0)):
         children = plan(tmp_path, "--device", device, gpus=gpus)
-        for role in ("broker", "worker"):
+        for role in ("broker", "worker", "frontend"):
             child = children[role][0]
             assert child.argv[child.argv.index("--busy-poll-us") + 1] == str(window), (device, role)
+    children = plan(tmp_path, "--device", "cuda", "--frontend-busy-poll-us", "0", gpus=1)
+    frontend, broker = children["frontend"][0], children["broker"][0]
+    assert frontend.argv[frontend.argv.index("--busy-poll-us") + 1] == "0"
+    assert broker.argv[broker.argv.index("--busy-poll-us") + 1] == "20000"
