@@ -129,7 +129,7 @@ class Pipeline:
         own = None
         if ticket is None:
             own = ticket = self.admission.reserve(first.num_tokens, estimated=False)
-        num_tokens = first.num_tokens
+        parts = [first]
         runs: list[tuple[asyncio.Future, Timings]] = []
 
         def start(part: RaggedIds) -> None:
@@ -142,8 +142,9 @@ class Pipeline:
                 for run, _ in runs:
                     if run.done():
                         run.result()  # it failed already: its error is the request's
-                num_tokens += part.num_tokens
+                parts.append(part)
                 start(part)
+            num_tokens = sum(part.num_tokens for part in parts)
             ticket.settle(num_tokens)
             results = [await run for run, _ in runs]
         finally:
