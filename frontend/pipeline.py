@@ -14,7 +14,7 @@ import contextvars
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import AsyncGenerator
+from typing import Awaitable, Callable
 
 import numpy as np
 
@@ -117,48 +117,37 @@ class Pipeline:
         finally:
             ticket.release()
 
-    async def run_overlapped(self, first: RaggedIds, later: AsyncGenerator[RaggedIds, None], task: str,
+    async def run_overlapped(self, first: RaggedIds, rest: Callable[[], Awaitable[RaggedIds]], task: str,
                              normalize: bool, timings: Timings) -> tuple[np.ndarray, int]:
-        """Rows for `first` then for each part `later` gives, in that order, with the number of tokens of all.
+        """Rows for `first` then for what `rest()` gives, in that order, with the number of tokens of both.
 
-        Each part's chunks go out as soon as it is given, while the next is still being made (a long
-        request's later inputs tokenizing on the pool): the parts before it run meanwhile. The request's
-        reservation is settled once every part is known; a failure of any part cancels the others' chunks."""
+        `first`'s chunks go out at once, while `rest` is still being made (a long request's later inputs
+        tokenizing on the pool): its first step runs meanwhile. The request's reservation is settled once
+        both are known; a failure of either part cancels the other's chunks."""
         await self._require_workers()
         ticket = CURRENT_TICKET.get()
         own = None
         if ticket is None:
             own = ticket = self.admission.reserve(first.num_tokens, estimated=False)
-        parts = [first]
-        runs: list[tuple[asyncio.Future, Timings]] = []
-
-        def start(part: RaggedIds) -> None:
-            part_timings = dataclasses.replace(timings)
-            runs.append((asyncio.ensure_future(self._run_chunks(part, task, normalize, part_timings)), part_timings))
-
-        start(first)
+        first_timings = dataclasses.replace(timings)
+        first_run = asyncio.ensure_future(self._run_chunks(first, task, normalize, first_timings))
         try:
-            async for part in later:  # closed below, should a part fail before the last is made
-                for run, _ in runs:
-                    if run.done():
-                        run.result()  # it failed already: its error is the request's
-                parts.append(part)
-                start(part)
-            num_tokens = sum(part.num_tokens for part in parts)
-            ticket.settle(num_tokens)
-            results = [await run for run, _ in runs]
+            later = await rest()
+            if first_run.done():
+                first_run.result()  # it failed already: its error is the request's
+            ticket.settle(first.num_tokens + later.num_tokens)
+            later_results = await self._run_chunks(later, task, normalize, timings)
+            first_results = await first_run
         finally:
-            await later.aclose()
-            for run, _ in runs:
-                if not run.done():
-                    run.cancel()
-            await asyncio.gather(*(run for run, _ in runs), return_exceptions=True)
+            if not first_run.done():
+                first_run.cancel()
+                await asyncio.gather(first_run, return_exceptions=True)
             if own is not None:
                 own.release()
-        timings.queue_s = max(part_timings.queue_s for _, part_timings in runs)
-        timings.inference_s = max(part_timings.inference_s for _, part_timings in runs)
-        rows = np.concatenate([r.values for part_results in results for r in part_results], axis=0)
-        return rows, num_tokens
+        timings.queue_s = max(timings.queue_s, first_timings.queue_s)
+        timings.inference_s = max(timings.inference_s, first_timings.inference_s)
+        rows = np.concatenate([r.values for r in (*first_results, *later_results)], axis=0)
+        return rows, first.num_tokens + later.num_tokens
 
     async def _require_workers(self) -> None:
         if not self.client.healthy and not await self.client.recheck_workers():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import AsyncGenerator
 
 import numpy as np
 
@@ -44,30 +43,19 @@ class Scores:
     timings: Timings
 
 
-# A scoring request this large (documents, characters) is tokenized in parts that grow: each part's chunks
-# go out as soon as it is tokenized, so the engine works on one part while the next tokenizes. Tokenizing
-# 50 documents of 512 tokens took 6.5 ms on a 16-core host, against 53 ms for the whole request
-# (bench/RESULTS.md). The first part is 1 / OVERLAP_FIRST_SHARE of the documents, each next one
-# OVERLAP_GROWTH times the one before: a part's step lasts about as long as tokenizing a part several
-# times its size takes (the tokenizer spreads a batch over its threads), and few parts keep the steps
-# large. The last part takes the rest once it is less than two further parts.
+# A scoring request this large (documents, characters) starts its first documents' step while the rest
+# tokenize: tokenizing 50 documents of 512 tokens took 6.5 ms on a 16-core host, against 53 ms for the
+# whole request (bench/RESULTS.md). The first part is 1 / OVERLAP_FIRST_SHARE of the documents.
 OVERLAP_MIN_DOCUMENTS = 8
 OVERLAP_MIN_CHARS = 16_384
 OVERLAP_FIRST_SHARE = 8
-OVERLAP_GROWTH = 2
 
 
-def overlap_bounds(documents: list[str]) -> list[int]:
-    """Where the parts of a scoring request begin, then its length ([0, 3, 9, 25] for 25 long documents);
-    [] when it is tokenized whole before anything is sent."""
-    count = len(documents)
-    if count < OVERLAP_MIN_DOCUMENTS or sum(map(len, documents)) < OVERLAP_MIN_CHARS:
-        return []
-    bounds, size = [0], max(1, count // OVERLAP_FIRST_SHARE)
-    while count - bounds[-1] >= size + OVERLAP_GROWTH * size:
-        bounds.append(bounds[-1] + size)
-        size *= OVERLAP_GROWTH
-    return [*bounds, count]
+def overlap_cut(documents: list[str]) -> int:
+    """How many documents go out before the rest are tokenized; 0: tokenize them all first."""
+    if len(documents) < OVERLAP_MIN_DOCUMENTS or sum(map(len, documents)) < OVERLAP_MIN_CHARS:
+        return 0
+    return max(1, len(documents) // OVERLAP_FIRST_SHARE)
 
 
 def record_stages(route: str, timings: Timings, model: str) -> None:
@@ -268,22 +256,19 @@ class Service:
         self._check_pair_texts(queries, documents, param)
         do_truncate = self.do_truncate(truncate)
         started = time.monotonic()
-        bounds = overlap_bounds(documents)
-        if bounds:
-            first = await self._pair_sequences(queries[:bounds[1]], documents[:bounds[1]], do_truncate, direction,
-                                               instruction, param)
+        cut = overlap_cut(documents)
+        if cut:
+            first = await self._pair_sequences(queries[:cut], documents[:cut], do_truncate, direction, instruction,
+                                               param)
 
-            async def later() -> AsyncGenerator[RaggedIds, None]:
-                tokens = first.num_tokens
-                for start, end in zip(bounds[1:], bounds[2:]):
-                    seqs = await self._pair_sequences(queries[start:end], documents[start:end], do_truncate,
-                                                      direction, instruction, param, first_row=start)
-                    tokens += seqs.num_tokens
-                    yield seqs
+            async def rest() -> RaggedIds:
+                seqs = await self._pair_sequences(queries[cut:], documents[cut:], do_truncate, direction, instruction,
+                                                  param, first_row=cut)
                 timings.tokenization_s = time.monotonic() - started
-                self._observe(route, tokens, len(documents))
+                self._observe(route, first.num_tokens + seqs.num_tokens, len(documents))
+                return seqs
 
-            rows, num_tokens = await self.pipeline.run_overlapped(first, later(), TASK_SCORE, False, timings)
+            rows, num_tokens = await self.pipeline.run_overlapped(first, rest, TASK_SCORE, False, timings)
         else:
             seqs = await self._pair_sequences(queries, documents, do_truncate, direction, instruction, param)
             timings.tokenization_s = time.monotonic() - started

@@ -21,7 +21,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from quiver.common.model_info import default_model_dir
-from quiver.frontend.service import overlap_bounds
+from quiver.frontend.service import overlap_cut
 from tests.cluster import Cluster, free_port
 from tests.worker.engine.families import spread_weights
 
@@ -341,21 +341,20 @@ def long_documents(count: int, words: int) -> list[str]:
 
 
 def test_a_long_rerank_sends_its_first_documents_while_the_rest_tokenize(cross_encoder):
-    """24 documents of ~1,000 characters: the first three go out before the others are tokenized, the next
-    six before the last fifteen (frontend/service.py, overlap_bounds); the scores are the same as
-    transformers' and in input order."""
+    """24 documents of ~1,000 characters: the first three go out before the others are tokenized
+    (frontend/service.py, overlap_cut); the scores are the same as transformers' and in input order."""
     texts = long_documents(24, 180)
-    assert sum(map(len, texts)) >= 16_384 and overlap_bounds(texts) == [0, 3, 9, 24]
+    assert sum(map(len, texts)) >= 16_384 and overlap_cut(texts) == 3
     before = _dispatches_by_worker(cross_encoder)
     ranks = ok(post(cross_encoder, "/rerank", {"query": QUERY, "texts": texts, "raw_scores": True}))
-    # Chunks of at most 4 pairs, each part's own: 3 in one, 6 in two, 15 in four (24 at once would be six).
-    assert sum(_dispatches_by_worker(cross_encoder).values()) - sum(before.values()) == 1 + 2 + 4
+    # Chunks of at most 4 pairs: the first three alone, then the other 21 in six (24 at once would be six).
+    assert sum(_dispatches_by_worker(cross_encoder).values()) - sum(before.values()) == 1 + 6
     expected = hf_pair_logits(cross_encoder.path, [QUERY] * len(texts), texts, 512)[:, 0]
     served = np.array([r["score"] for r in sorted(ranks, key=lambda r: r["index"])])
     np.testing.assert_allclose(served, expected, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("too_long", [1, 5, 20])  # in the first part sent, the second, and the last
+@pytest.mark.parametrize("too_long", [1, 20])  # in the first part sent, and in the part tokenized after it
 def test_a_too_long_document_of_a_long_rerank_is_named_by_its_index(cross_encoder, too_long):
     texts = long_documents(24, 180)
     texts[too_long] = "cats sleep in the sun " * 150  # 750 words, over MiniLM's 512 positions
@@ -457,9 +456,9 @@ def test_reranker_scores_equal_the_yes_probability_of_transformers(reranker):
     np.testing.assert_allclose([d["score"] for d in raw["data"]], logits, atol=ATOL, rtol=0)
 
 
-def test_a_long_reranker_request_sent_in_parts_equals_transformers(reranker):
+def test_a_long_reranker_request_sent_in_two_parts_equals_transformers(reranker):
     texts = [f"{DOCUMENTS[i % 8]} {DOCUMENTS[(i + 3) % 8]} {i}" for i in range(250)]
-    assert overlap_bounds(texts) == [0, 31, 93, 250]
+    assert overlap_cut(texts) == 31
     logits = hf_reranker_logits(reranker.path, WEB_SEARCH, QUERY, texts)
     raw = ok(post(reranker, "/score", {"text_1": QUERY, "text_2": texts, "raw_scores": True}))
     np.testing.assert_allclose([d["score"] for d in raw["data"]], logits, atol=ATOL, rtol=0)

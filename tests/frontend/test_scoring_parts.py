@@ -15,7 +15,6 @@ from quiver.frontend.errors import APIError
 from quiver.frontend.quantize import encode_rows, formats_for, packed_sign_bits, tanh_int8
 from quiver.frontend.routes_score import predict_inputs, score_pairs
 from quiver.frontend.scores import ranking, sigmoid, softmax
-from quiver.frontend.service import OVERLAP_MIN_CHARS, overlap_bounds
 from quiver.frontend.templates import QWEN3_RERANKER, with_instruction
 from quiver.frontend.tokenization import TextTokenizer
 
@@ -124,18 +123,3 @@ def test_pairs_get_segment_ids_and_prompts_truncate_the_body_only():
     for direction, kept in (("right", full[:room]), ("left", full[-room:])):
         seqs = tokenizer.encode_prompts_sync("head words", [body], "tail", True, direction, "texts")
         assert seqs.input_ids.tolist() == head + kept + tail
-
-
-def test_long_scoring_requests_are_tokenized_in_growing_parts():
-    def documents(count: int) -> list[str]:
-        return ["x" * (OVERLAP_MIN_CHARS // count + 1)] * count
-
-    assert overlap_bounds(documents(7)) == [] and overlap_bounds(["short"] * 50) == []
-    assert overlap_bounds(documents(8)) == [0, 1, 3, 8]
-    assert overlap_bounds(documents(25)) == [0, 3, 9, 25]
-    assert overlap_bounds(documents(50)) == [0, 6, 18, 50]
-    for count in range(8, 400):
-        bounds = overlap_bounds(documents(count))
-        sizes = [end - start for start, end in zip(bounds, bounds[1:])]
-        assert bounds[0] == 0 and bounds[-1] == count and len(sizes) >= 2
-        assert all(later >= earlier for earlier, later in zip(sizes, sizes[1:])), (count, sizes)
