@@ -39,3 +39,11 @@ def test_minilm_matches_sentence_transformers() -> None:
     cosines = (rows * expected).sum(1) / (np.linalg.norm(rows, axis=1) * np.linalg.norm(expected, axis=1))
     assert cosines.min() >= 0.9999
     np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, atol=1e-5)
+
+
+def test_a_cpu_engines_default_step_is_short() -> None:
+    # A request that lands during a CPU step waits for all of it, and a CPU's step time grows with every
+    # token (2,048 tokens of this model: about 2 s on two cores): the default budget stays at that, or at
+    # one row of the model's longest input where that is longer.
+    info = load_engine(default_model_dir()).info
+    assert info.max_batch_tokens == max(2048, info.model.max_input_length)
