@@ -40,11 +40,14 @@ from quiver.bench.stand_in_peers import FrontendRun, drive_stand_in_frontend, se
 from quiver.common.security import CurveClient, make_keys
 
 
-def free_endpoint(transport: str = "tcp") -> str:
-    """A loopback TCP endpoint on a free port, or (transport "ipc") a new Unix socket path: `quiver serve`'s
-    own broker endpoints on one host are ipc://; TCP is what workers on other hosts reach."""
+def free_endpoint(transport: str = "tcp", folder: Path | None = None) -> str:
+    """A loopback TCP endpoint on a free port, or (transport "ipc") a new Unix socket path in `folder`, which
+    the caller removes: `quiver serve`'s own broker endpoints on one host are ipc://; TCP is what workers on
+    other hosts reach."""
     if transport == "ipc":
-        return f"ipc://{tempfile.mkdtemp(prefix='quiver-bench-ipc-')}/broker.sock"
+        if folder is None:
+            raise ValueError("an ipc:// endpoint needs a folder for its socket")
+        return f"ipc://{tempfile.mkdtemp(prefix='ipc-', dir=folder)}/broker.sock"
     return f"tcp://127.0.0.1:{free_port()}"
 
 
@@ -98,16 +101,23 @@ def _collect(reports: Any, count: int, timeout_s: float, what: str) -> list[Any]
 def run_once(workers: int, frontends: int, window: int, seconds: float, args: argparse.Namespace,
              log_path: Path) -> dict[str, Any]:
     """One measurement: a fresh broker (none when workers is 0), stand-in workers and frontends."""
+    with tempfile.TemporaryDirectory(prefix="quiver-bench-") as scratch:
+        return _run_in(Path(scratch), workers, frontends, window, seconds, args, log_path)
+
+
+def _run_in(scratch: Path, workers: int, frontends: int, window: int, seconds: float, args: argparse.Namespace,
+            log_path: Path) -> dict[str, Any]:
+    """run_once with its socket paths and keys in `scratch`."""
     mp = multiprocessing.get_context("spawn")
     stop, go = mp.Event(), mp.Event()
     worker_reports, frontend_reports, ready = mp.Queue(), mp.Queue(), mp.Queue()
-    frontend_endpoint, worker_endpoint = free_endpoint(args.transport), free_endpoint(args.transport)
+    frontend_endpoint, worker_endpoint = free_endpoint(args.transport, scratch), free_endpoint(args.transport, scratch)
     broker = None
     frontend_curve = worker_curve = None
     if workers:
         broker_args = args.broker_args.split()
         if args.curve:
-            curve_args, frontend_curve, worker_curve = curve_keys(Path(tempfile.mkdtemp(prefix="quiver-bench-keys-")))
+            curve_args, frontend_curve, worker_curve = curve_keys(scratch / "keys")
             broker_args += curve_args
         broker = start_broker(frontend_endpoint, worker_endpoint, broker_args, log_path, args.broker_tree)
         names = [f"stand-in-{i}" for i in range(workers)]

@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 
-@pytest.mark.parametrize("options", [[], ["--curve"]], ids=["plain", "curve"])
+@pytest.mark.parametrize("options", [[], ["--curve"], ["--transport", "ipc", "--curve"]], ids=["plain", "curve", "ipc"])
 def test_quick_run_routes_every_chunk_through_each_worker_and_reports_hops(tmp_path, options):
-    result = subprocess.run([sys.executable, "-m", "quiver.bench.broker_capacity", "--quick", "--out", str(tmp_path),
-                             *options], capture_output=True, text=True, timeout=600)
+    # Its own temporary folder, short enough for Unix socket paths: the run must leave nothing in it.
+    scratch = Path(tempfile.mkdtemp(prefix="qb-"))
+    try:
+        result = subprocess.run([sys.executable, "-m", "quiver.bench.broker_capacity", "--quick", "--out", str(tmp_path),
+                                 *options], capture_output=True, text=True, timeout=600,
+                                env={**os.environ, "TMPDIR": str(scratch)})
+        left = sorted(p.name for p in scratch.iterdir())
+    finally:
+        shutil.rmtree(scratch)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert left == []  # socket folders and keys are removed with each run
     results = json.loads((tmp_path / "broker_capacity.json").read_text())
-    assert results["meta"]["curve"] == bool(options)
+    assert results["meta"]["curve"] == ("--curve" in options)
     rows = results["rows"]
     assert [(row["workers"], row["window"]) for row in rows] == [(0, 32), (0, 1), (1, 32), (1, 1), (2, 32), (2, 1)]
     for row in rows:
