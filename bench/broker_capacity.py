@@ -16,6 +16,14 @@ Each worker count runs twice: under load (window chunks in flight per frontend: 
     python -m quiver.bench.broker_capacity --workers 1,2,4,8,16,64 --frontends 2 --seconds 5 --out DIR
     python -m quiver.bench.broker_capacity --quick --out DIR      # a few seconds, for CI
     python -m quiver.bench.broker_capacity --broker-tree /tmp/before  # the broker of another checkout
+
+With --saturate, the peers instead send and answer pre-encoded frames (bench/saturating_peers.py), cheap
+enough that the broker, pinned with its I/O thread to one CPU (the peers on the others), is the
+bottleneck: its core share near 1.0 says so, and chunks/s is then what one core of it routes. Each worker
+count runs the floor router (saturating_peers.forward_floor: the same sockets and ZeroMQ calls, nothing
+else) on the same CPU in the same run; floor per core over broker per core is the broker's own cost.
+
+    python -m quiver.bench.broker_capacity --saturate --workers 1,8,64 --transport ipc --seconds 5
 """
 
 from __future__ import annotations
@@ -36,6 +44,9 @@ from typing import Any
 import numpy as np
 
 from quiver.bench.local_server import cpu_seconds, free_port
+from quiver.bench.saturating_peers import (
+    SaturatingRun, drive_saturating_frontend, forward_floor, serve_saturating_workers,
+)
 from quiver.bench.stand_in_peers import FrontendRun, drive_stand_in_frontend, serve_stand_in_workers
 from quiver.common.security import CurveClient, make_keys
 
@@ -52,16 +63,17 @@ def free_endpoint(transport: str = "tcp", folder: Path | None = None) -> str:
 
 
 def start_broker(frontend_endpoint: str, worker_endpoint: str, extra: list[str], log_path: Path,
-                 tree: str = "") -> subprocess.Popen:
+                 tree: str = "", cpus: set[int] | None = None) -> subprocess.Popen:
     """`quiver broker` on the two endpoints; with `tree`, imported from that source tree instead (run there,
-    so that `-m` finds its `quiver` first)."""
+    so that `-m` finds its `quiver` first); with `cpus`, it and its threads run on those CPUs only."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUIVER_")}
     if tree:
         env["PYTHONPATH"] = str(Path(tree).resolve())
     with open(log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "quiver", "broker", "--frontend-endpoint", frontend_endpoint,
                                  "--worker-endpoint", worker_endpoint, "--log-level", "warning", *extra],
-                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tree or None)
+                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tree or None,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
 
 
 def curve_keys(directory: Path) -> tuple[list[str], CurveClient, CurveClient]:
@@ -154,6 +166,92 @@ def _run_in(scratch: Path, workers: int, frontends: int, window: int, seconds: f
     return summarize(workers, frontends, window, runs, served, broker_cpu)
 
 
+def router_and_peer_cpus() -> tuple[set[int] | None, set[int] | None]:
+    """One CPU for the router under test (its I/O thread included), the rest for the peers; no pinning on
+    a host of one CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, None
+    return {cpus[0]}, set(cpus[1:])
+
+
+def run_saturated(router: str, workers: int, frontends: int, window: int, seconds: float, args: argparse.Namespace,
+                  log_path: Path) -> dict[str, Any]:
+    """One run of the saturating peers through `router` ("broker", or "floor": saturating_peers.forward_floor),
+    the router alone on one CPU."""
+    with tempfile.TemporaryDirectory(prefix="quiver-bench-") as scratch:
+        mp = multiprocessing.get_context("spawn")
+        stop, go = mp.Event(), mp.Event()
+        worker_reports, frontend_reports, ready = mp.Queue(), mp.Queue(), mp.Queue()
+        frontend_endpoint = free_endpoint(args.transport, Path(scratch))
+        worker_endpoint = free_endpoint(args.transport, Path(scratch))
+        router_cpus, peer_cpus = router_and_peer_cpus()
+        if router == "broker":
+            process = start_broker(frontend_endpoint, worker_endpoint, args.broker_args.split(), log_path,
+                                   args.broker_tree, router_cpus)
+        else:
+            process = mp.Process(target=forward_floor, daemon=True,
+                                 args=(frontend_endpoint, worker_endpoint, stop, router_cpus))
+            process.start()
+        names = [f"saturating-{i}" for i in range(workers)]
+        peers = [mp.Process(target=serve_saturating_workers, daemon=True,
+                            args=(worker_endpoint, names[i::args.worker_processes], args.seqs, args.tokens, args.dim,
+                                  stop, worker_reports, peer_cpus))
+                 for i in range(min(args.worker_processes, workers))]
+        drivers = [mp.Process(target=drive_saturating_frontend, daemon=True,
+                              args=(frontend_endpoint, i, window, seconds, args.seqs, args.tokens, args.dim, ready,
+                                    go, frontend_reports, peer_cpus)) for i in range(frontends)]
+        try:
+            for proc in (*peers, *drivers):
+                proc.start()
+            _collect(ready, frontends, 120.0, "saturating frontends ready")
+            cpu_before, started = cpu_seconds(process.pid), time.monotonic()
+            go.set()
+            runs: list[SaturatingRun] = _collect(frontend_reports, frontends, seconds + 60.0, "saturating frontends")
+            router_cpu, wall_s = cpu_seconds(process.pid) - cpu_before, time.monotonic() - started
+            stop.set()
+            answered = sum(_collect(worker_reports, len(peers), 30.0, "saturating worker processes"))
+        finally:
+            stop.set()
+            if isinstance(process, subprocess.Popen):
+                process.terminate()
+                process.wait(10)
+            else:
+                process.join(5)
+            for proc in (*peers, *drivers):
+                proc.join(5)
+                if proc.is_alive():
+                    proc.kill()
+    round_trips = np.concatenate([np.asarray(run.round_trips_ns, dtype=np.int64) for run in runs])
+    chunks = int(round_trips.size)
+    return {
+        "router": router, "workers": workers, "frontends": frontends, "window": window, "chunks": chunks,
+        "chunks_per_s": round(chunks / wall_s) if wall_s else 0, "round_trip_us": percentile_us(round_trips),
+        "router_core_share": round(router_cpu / wall_s, 2) if wall_s else None,
+        "one_core_chunks_per_s": round(chunks / router_cpu) if router_cpu else None,
+        "router_cpu_us_per_chunk": round(router_cpu / chunks * 1e6, 1) if chunks else None,
+        "pinned": router_cpus is not None, "answered_by_workers": answered,
+        "wrong_answers": sum(run.wrong_answers for run in runs), "unanswered": sum(run.unanswered for run in runs),
+    }
+
+
+def saturated_markdown(rows: list[dict[str, Any]]) -> str:
+    """The saturated runs, each broker row beside the floor row of the same worker count."""
+    floors = {row["workers"]: row for row in rows if row["router"] == "floor"}
+    lines = ["| router | workers | load | chunks/s | router core share | chunks/s per router core | router CPU µs/chunk "
+             "| round trip p50 / p99 µs | floor per core / broker per core |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        floor = floors.get(row["workers"])
+        ratio = (f"{floor['one_core_chunks_per_s'] / row['one_core_chunks_per_s']:.2f}"
+                 if row["router"] == "broker" and floor and row["one_core_chunks_per_s"] else "-")
+        lines.append(f"| {row['router']} | {row['workers']} | {row['frontends']}×{row['window']} | {row['chunks_per_s']:,} "
+                     f"| {row['router_core_share']:.2f} | {row['one_core_chunks_per_s'] or 0:,} "
+                     f"| {row['router_cpu_us_per_chunk']} | {row['round_trip_us']['p50']:.0f} / "
+                     f"{row['round_trip_us']['p99']:.0f} | {ratio} |")
+    return "\n".join(lines)
+
+
 def summarize(workers: int, frontends: int, window: int, runs: list[FrontendRun], served: list[dict[str, Any]],
               broker_cpu_s: float) -> dict[str, Any]:
     """Join the frontends' and workers' notes by chunk id into hop times and rates."""
@@ -222,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
                         "of a broker serving other hosts); the direct rows stay plain")
     parser.add_argument("--transport", choices=("tcp", "ipc"), default="tcp", help="the broker's endpoints: "
                         "loopback TCP (the layout of workers on other hosts) or ipc:// (`quiver serve` on one host)")
+    parser.add_argument("--saturate", action="store_true", help="instead: peers of pre-encoded frames "
+                        "(bench/saturating_peers.py) drive the broker, alone on one CPU, past what it routes, and the "
+                        "floor router on the same CPU in the same run; window --saturate-window per frontend")
+    parser.add_argument("--saturate-window", type=int, default=64, help="chunks each saturating frontend keeps in flight")
     parser.add_argument("--quick", action="store_true", help="1 and 2 workers, 1 s each: a smoke run for CI")
     parser.add_argument("--out", default="", help="folder for broker_capacity.json and .md (default: print only)")
     args = parser.parse_args(argv)
@@ -230,6 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="quiver-broker-capacity-"))
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "broker_capacity_broker.log"
+    meta = {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "seconds": seconds, "seqs": args.seqs,
+            "tokens": args.tokens, "dim": args.dim, "broker_args": args.broker_args, "curve": args.curve,
+            "transport": args.transport, "broker_tree": args.broker_tree}
+    if args.saturate:
+        return _saturate(counts, seconds, args, out, log_path, meta)
     rows = []
     for workers in [0, *counts]:
         for window in (args.window, 1):
@@ -237,9 +344,6 @@ def main(argv: list[str] | None = None) -> int:
             row = run_once(workers, frontends, window, seconds, args, log_path)
             rows.append(row)
             print(markdown([row]).splitlines()[-1], flush=True)
-    meta = {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "seconds": seconds, "seqs": args.seqs,
-            "tokens": args.tokens, "dim": args.dim, "broker_args": args.broker_args, "curve": args.curve,
-            "transport": args.transport, "broker_tree": args.broker_tree}
     table = markdown(rows)
     if args.out:
         (out / "broker_capacity.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
@@ -247,6 +351,24 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     failed = [r for r in rows if r["errors"] or r["wrong_answers"] or r["unanswered"] or r["worker_bad_messages"]]
     return 1 if failed else 0
+
+
+def _saturate(counts: list[int], seconds: float, args: argparse.Namespace, out: Path, log_path: Path,
+              meta: dict[str, Any]) -> int:
+    if args.curve:
+        raise SystemExit("--saturate runs plain sockets only")
+    rows = []
+    for workers in counts:
+        for router in ("floor", "broker"):
+            row = run_saturated(router, workers, args.frontends, args.saturate_window, seconds, args, log_path)
+            rows.append(row)
+            print(saturated_markdown([row]).splitlines()[-1], flush=True)
+    table = saturated_markdown(rows)
+    if args.out:
+        (out / "broker_capacity_saturated.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        (out / "broker_capacity_saturated.md").write_text(table + "\n")
+    print(table)
+    return 1 if any(row["wrong_answers"] or row["unanswered"] or not row["chunks"] for row in rows) else 0
 
 
 if __name__ == "__main__":

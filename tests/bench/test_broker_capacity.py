@@ -44,3 +44,18 @@ def test_quick_run_routes_every_chunk_through_each_worker_and_reports_hops(tmp_p
     assert two_loaded["workers_used"] == 2  # the broker spread a full window over both workers
     table = (tmp_path / "broker_capacity.md").read_text()
     assert "| none (direct) | 2×32 |" in table and "| 2 | 2×1 |" in table
+
+
+def test_saturated_quick_run_answers_every_chunk_through_the_broker_and_the_floor(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "quiver.bench.broker_capacity", "--quick", "--saturate",
+                             "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads((tmp_path / "broker_capacity_saturated.json").read_text())["rows"]
+    assert [(row["router"], row["workers"]) for row in rows] == [("floor", 1), ("broker", 1), ("floor", 2), ("broker", 2)]
+    for row in rows:
+        assert row["chunks"] > 0 and row["wrong_answers"] == row["unanswered"] == 0
+        assert row["answered_by_workers"] >= row["chunks"]  # every answer came from a stand-in worker
+        assert row["router_core_share"] > 0 and row["one_core_chunks_per_s"] > 0
+        assert 0 < row["round_trip_us"]["p50"] <= row["round_trip_us"]["p99"]
+    table = (tmp_path / "broker_capacity_saturated.md").read_text()
+    assert "| broker | 2 | 2×64 |" in table
