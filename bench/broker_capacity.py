@@ -200,7 +200,8 @@ def run_saturated(router: str, workers: int, frontends: int, window: int, second
                  for i in range(min(args.worker_processes, workers))]
         drivers = [mp.Process(target=drive_saturating_frontend, daemon=True,
                               args=(frontend_endpoint, i, window, seconds, args.seqs, args.tokens, args.dim, ready,
-                                    go, frontend_reports, peer_cpus)) for i in range(frontends)]
+                                    go, frontend_reports, peer_cpus, None, args.rate / frontends))
+                   for i in range(frontends)]
         try:
             for proc in (*peers, *drivers):
                 proc.start()
@@ -225,7 +226,8 @@ def run_saturated(router: str, workers: int, frontends: int, window: int, second
     round_trips = np.concatenate([np.asarray(run.round_trips_ns, dtype=np.int64) for run in runs])
     chunks = int(round_trips.size)
     return {
-        "router": router, "workers": workers, "frontends": frontends, "window": window, "chunks": chunks,
+        "router": router, "workers": workers, "frontends": frontends, "window": window, "rate": args.rate,
+        "chunks": chunks,
         "chunks_per_s": round(chunks / wall_s) if wall_s else 0, "round_trip_us": percentile_us(round_trips),
         "router_core_share": round(router_cpu / wall_s, 2) if wall_s else None,
         "one_core_chunks_per_s": round(chunks / router_cpu) if router_cpu else None,
@@ -236,19 +238,24 @@ def run_saturated(router: str, workers: int, frontends: int, window: int, second
 
 
 def saturated_markdown(rows: list[dict[str, Any]]) -> str:
-    """The saturated runs, each broker row beside the floor row of the same worker count."""
+    """The saturated (or paced) runs, each broker row beside the floor row of the same worker count: the
+    floor's chunks/s per core over the broker's, and the round trip the broker adds over the floor's."""
     floors = {row["workers"]: row for row in rows if row["router"] == "floor"}
     lines = ["| router | workers | load | chunks/s | router core share | chunks/s per router core | router CPU µs/chunk "
-             "| round trip p50 / p99 µs | floor per core / broker per core |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| round trip p50 / p99 µs | floor per core / broker per core | added over the floor p50 / p99 µs |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
         floor = floors.get(row["workers"])
+        against = row["router"] == "broker" and floor is not None
         ratio = (f"{floor['one_core_chunks_per_s'] / row['one_core_chunks_per_s']:.2f}"
-                 if row["router"] == "broker" and floor and row["one_core_chunks_per_s"] else "-")
-        lines.append(f"| {row['router']} | {row['workers']} | {row['frontends']}×{row['window']} | {row['chunks_per_s']:,} "
+                 if against and floor["one_core_chunks_per_s"] and row["one_core_chunks_per_s"] else "-")
+        added = (f"{row['round_trip_us']['p50'] - floor['round_trip_us']['p50']:.0f} / "
+                 f"{row['round_trip_us']['p99'] - floor['round_trip_us']['p99']:.0f}" if against else "-")
+        load = f"{row['rate']:,.0f}/s" if row.get("rate") else f"{row['frontends']}×{row['window']}"
+        lines.append(f"| {row['router']} | {row['workers']} | {load} | {row['chunks_per_s']:,} "
                      f"| {row['router_core_share']:.2f} | {row['one_core_chunks_per_s'] or 0:,} "
                      f"| {row['router_cpu_us_per_chunk']} | {row['round_trip_us']['p50']:.0f} / "
-                     f"{row['round_trip_us']['p99']:.0f} | {ratio} |")
+                     f"{row['round_trip_us']['p99']:.0f} | {ratio} | {added} |")
     return "\n".join(lines)
 
 
@@ -324,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(bench/saturating_peers.py) drive the broker, alone on one CPU, past what it routes, and the "
                         "floor router on the same CPU in the same run; window --saturate-window per frontend")
     parser.add_argument("--saturate-window", type=int, default=64, help="chunks each saturating frontend keeps in flight")
+    parser.add_argument("--rate", type=float, default=0.0, help="with --saturate: offer this many chunks/s in all "
+                        "(paced, open loop, at most --saturate-window in flight per frontend) instead of a full "
+                        "window: the latency the broker adds at that load, beside the floor router's")
     parser.add_argument("--quick", action="store_true", help="1 and 2 workers, 1 s each: a smoke run for CI")
     parser.add_argument("--out", default="", help="folder for broker_capacity.json and .md (default: print only)")
     args = parser.parse_args(argv)

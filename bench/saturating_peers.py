@@ -121,9 +121,12 @@ class SaturatingRun:
 
 def drive_saturating_frontend(endpoint: str, index: int, window: int, seconds: float, seqs: int,
                               tokens_per_seq: int, dim: int, ready: Any, go: Any, report: Any,
-                              cpus: set[int] | None = None, curve: CurveClient | None = None) -> None:
+                              cpus: set[int] | None = None, curve: CurveClient | None = None,
+                              rate_per_s: float = 0.0) -> None:
     """Process body: keep `window` chunks in flight for `seconds` after `go` (one first, untimed, to see
-    the route is up), then wait for the last answers and put a SaturatingRun on `report`."""
+    the route is up), then wait for the last answers and put a SaturatingRun on `report`. With
+    `rate_per_s`, send at that pace instead (open loop, `window` at most in flight), each round trip
+    counted from when its chunk was due, so a router that falls behind pays for the wait too."""
     _pin(cpus)
     chunk_frames, result_frames = templates(seqs, tokens_per_seq, dim)
     ctx = zmq.Context()
@@ -137,11 +140,11 @@ def drive_saturating_frontend(endpoint: str, index: int, window: int, seconds: f
     sent: dict[bytes, int] = {}
     run = SaturatingRun([], 0, 0)
 
-    def send_one() -> None:
+    def send_one(due_ns: int = 0) -> None:
         nonlocal serial
         serial += 1
         chunk_id = b"%032x" % serial
-        sent[chunk_id] = time.monotonic_ns()
+        sent[chunk_id] = due_ns or time.monotonic_ns()
         sock.send_multipart([chunk_type, chunk_frames.header_with(chunk_id), ids, lens])
 
     def take_answers() -> None:
@@ -178,6 +181,12 @@ def drive_saturating_frontend(endpoint: str, index: int, window: int, seconds: f
     go.wait()
     stop_sending = time.monotonic() + seconds
     give_up = stop_sending + 30.0
+    if rate_per_s > 0:
+        _paced(send_one, take_answers, sent, window, int(1e9 / rate_per_s), int(stop_sending * 1e9), give_up)
+        run.unanswered = len(sent)
+        report.put(run)
+        ctx.destroy(linger=0)
+        return
     while True:
         sending = time.monotonic() < stop_sending
         while sending and len(sent) < window:
@@ -189,6 +198,23 @@ def drive_saturating_frontend(endpoint: str, index: int, window: int, seconds: f
     run.unanswered = len(sent)
     report.put(run)
     ctx.destroy(linger=0)
+
+
+def _paced(send_one: Any, take_answers: Any, sent: dict[bytes, int], window: int, interval_ns: int,
+           stop_ns: int, give_up: float) -> None:
+    """Send a chunk every `interval_ns` until `stop_ns` (spinning between, never sleeping), reading answers
+    as they come; then wait for the last ones."""
+    due = time.monotonic_ns()
+    while True:
+        now = time.monotonic_ns()
+        while due <= now and due < stop_ns and len(sent) < window:
+            send_one(due)
+            due += interval_ns
+        if due < stop_ns and len(sent) >= window:
+            due = now  # the router holds the whole window: the chunks it kept from being sent are not owed
+        if (due >= stop_ns and not sent) or time.monotonic() > give_up:
+            return
+        take_answers()
 
 
 def forward_floor(frontend_endpoint: str, worker_endpoint: str, stop: Any, cpus: set[int] | None = None) -> None:

@@ -43,6 +43,7 @@ from quiver.common.security import (
     FRONTEND_DOMAIN, WORKER_DOMAIN, SecurityError, check_exposure, cluster_secret, secret_matches, server_from,
 )
 from quiver.common.transport import make_socket, recv_frames, send, send_frames
+from quiver.common.wakeups import SpinCore
 
 log = logging.getLogger("quiver.broker")
 
@@ -63,6 +64,8 @@ class Broker:
     def __init__(self, settings: BrokerSettings, ctx: zmq.Context | None = None) -> None:
         self.settings = settings
         self.ctx = ctx or zmq.Context.instance()
+        # Before the context's first socket: it finds libzmq's I/O threads by starting them.
+        self.spin_core = SpinCore(self.ctx, enabled=settings.busy_poll_pin and settings.busy_poll_us > 0)
         curve = server_from(settings.curve_secret_key, settings.curve_frontend_keys_dir,
                             settings.curve_worker_keys_dir, settings.curve_authorized_dir)
         endpoints = [settings.frontend_endpoint, settings.worker_endpoint]
@@ -106,6 +109,7 @@ class Broker:
         poll, monotonic = poller.poll, time.monotonic
         interval = self.settings.heartbeat_interval_s
         spin_s = self.settings.busy_poll_us / 1e6
+        spin_core = self.spin_core
         last_message = 0.0
         while self.running:
             # Right after traffic, poll without sleeping for a moment: the next message of a busy
@@ -114,7 +118,9 @@ class Broker:
             now = monotonic()
             if now - last_message < spin_s:
                 timeout_ms = 0
+                spin_core.hold()
             else:
+                spin_core.release()
                 # Rounded up: rounded down, the last millisecond before each deadline was a busy loop.
                 timeout_ms = max(0, math.ceil((wake_at - now) * 1000))
             events = poll(timeout_ms)
@@ -126,6 +132,7 @@ class Broker:
                 if self.gauges_due is None:
                     self.gauges_due = now + GAUGE_INTERVAL_S
             elif now < wake_at:
+                spin_core.spin_turn()
                 continue  # an empty spin: nothing to do until a message, the next heartbeat or the gauges
             now = monotonic()
             if now >= self.next_heartbeat:
@@ -138,6 +145,7 @@ class Broker:
                 self._update_gauges()
                 self.gauges_due = None
             metrics.loop_tick()  # the loop went round: its timestamp, and systemd's watchdog
+        spin_core.release()
         self.close()
 
     def _take_waiting(self, events: list[tuple[Any, int]], poll: Callable[[int], list[tuple[Any, int]]]) -> None:

@@ -26,6 +26,11 @@ DEFAULT_FRONTEND_ENDPOINT = "tcp://127.0.0.1:5555"
 DEFAULT_WORKER_ENDPOINT = "tcp://127.0.0.1:5556"
 
 
+# common/wakeups.py says why.
+PIN_HELP = ("while busy polling, keep ZeroMQ's I/O threads on the polling thread's CPU, so that a message "
+            "wakes no sleeping CPU")
+
+
 def option(default: Any, help: str, **extra: Any) -> Any:
     """A settings field: its default and the help line that --help prints."""
     return field(default=default, metadata={"help": help, **extra})
@@ -74,6 +79,7 @@ class BrokerSettings(HeartbeatSettings, LoggingSettings):
                                                    "(the default allows a CPU worker on a busy host)")
     allow_insecure: bool = option(False, "allow binding a non-loopback endpoint without CurveZMQ")
     busy_poll_us: int = option(0, "after a message, poll without sleeping for this long (lower latency, more CPU)")
+    busy_poll_pin: bool = option(True, PIN_HELP)
     model_wait_s: float = option(30.0, "a chunk for a model no live worker serves waits this long for one "
                                        "(say, while its worker restarts), then fails (503)")
     max_background_chunks: int = option(4, "background (bulk job) chunks one worker holds at once; online chunks "
@@ -97,6 +103,7 @@ class WorkerSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
                                       "larger ones run eagerly (0: the engine's default, 8192)")
     watchdog_s: float = option(30.0, "a forward pass stuck this long makes the worker leave and exit (0: never)")
     busy_poll_us: int = option(0, "after a message, poll without sleeping for this long (lower latency, more CPU)")
+    busy_poll_pin: bool = option(True, PIN_HELP)
     link_thread: str = option("auto", "the broker socket gets a thread of its own: on, off (the scheduler's thread "
                                       "polls it), or auto (off on a GPU, on on a CPU)",
                               choices=("auto", "on", "off"))
@@ -146,6 +153,7 @@ class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     tokenization_pool_threads: int = option(4, "threads that tokenize requests off the event loop")
     busy_poll_us: int = option(0, "keep the event loop from sleeping while chunks wait and this long after the "
                                   "last result (lower latency, more CPU)")
+    busy_poll_pin: bool = option(True, PIN_HELP)
     max_tokenize_tokens: int = option(262_144, "tokens one /tokenize request may return (413 beyond)")
     header_timeout_s: float = option(10.0, "a connection's request line and headers must arrive within this")
     body_timeout_s: float = option(60.0, "a request's body must arrive within this after its headers (408)")

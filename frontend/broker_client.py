@@ -40,6 +40,7 @@ from quiver.common.protocol import (
 from quiver.common.security import CurveClient
 from quiver.common.transport import make_socket, recv_frames, send_frames
 from quiver.frontend import metrics
+from quiver.common.wakeups import SpinCore
 from quiver.frontend.keep_awake import KeepAwake
 
 log = logging.getLogger("quiver.frontend.broker")
@@ -95,7 +96,7 @@ class _Waiting:
 class BrokerClient:
     def __init__(self, endpoint: str, heartbeat_interval_s: float, liveness: int,
                  curve: CurveClient | None = None, fingerprint: str = "", model: str = "",
-                 models: dict[str, str] | None = None, busy_poll_us: int = 0) -> None:
+                 models: dict[str, str] | None = None, busy_poll_us: int = 0, busy_poll_pin: bool = False) -> None:
         self.endpoint = endpoint
         self.curve = curve
         # Named in every heartbeat: the broker serves this frontend only from workers of this model, or
@@ -121,6 +122,7 @@ class BrokerClient:
         self._socket_since = 0.0
         self._recheck: asyncio.Future | None = None
         self.keep_awake = KeepAwake(busy_poll_us / 1e6, busy=lambda: bool(self.waiting))
+        self.busy_poll_pin = busy_poll_pin
 
     @property
     def broker_alive(self) -> bool:
@@ -137,6 +139,8 @@ class BrokerClient:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.ctx = zmq.Context()
+        # Before the context's first socket: it finds libzmq's I/O threads by starting them.
+        self.keep_awake.core = SpinCore(self.ctx, enabled=self.busy_poll_pin and self.keep_awake.window_s > 0)
         self._open_socket()
         self._heartbeats = asyncio.create_task(self._heartbeat_loop())
 

@@ -5,7 +5,8 @@ client sending one request at a time sends its next), the loop would otherwise s
 kernel would have to wake it when the result or the next request lands, tens to hundreds of
 microseconds on a virtualised host. While the window is open a task yields at every turn of the loop, so
 the loop polls its descriptors without sleeping and sees a message as soon as it lands. This is the
-frontend's side of the broker's and the workers' `busy_poll_us`.
+frontend's side of the broker's and the workers' `busy_poll_us`. While it spins, the loop's thread holds its
+CPU with the ZeroMQ context's I/O threads (`core`, common/wakeups.py) and gives it to them at every turn.
 
 A spinning loop holds the GIL except for the moment of each poll, which a thread waiting for the GIL
 rarely wins: a pool thread returning to Python would then wait up to the interpreter's switch interval
@@ -21,6 +22,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
+from quiver.common.wakeups import SpinCore
 from quiver.frontend import metrics
 
 # How long the task sleeps at a time while thread work is in flight: the loop still wakes for any message.
@@ -69,6 +71,7 @@ class KeepAwake:
         self._work = work
         self._until = 0.0
         self._task: asyncio.Task | None = None
+        self.core: SpinCore | None = None  # set once the broker link's context exists
 
     def touch(self) -> None:
         """Traffic now: open the window, or hold it open `window_s` longer."""
@@ -85,9 +88,19 @@ class KeepAwake:
 
     async def _spin(self) -> None:
         started = time.monotonic()
+        core = self.core
+        if core is not None:
+            core.hold()
         try:
             while self._busy() or time.monotonic() < self._until:
-                await asyncio.sleep(PAUSE_S if self._work.in_flight else 0)
+                if self._work.in_flight:
+                    await asyncio.sleep(PAUSE_S)
+                else:
+                    await asyncio.sleep(0)
+                    if core is not None:
+                        core.spin_turn()
         finally:
+            if core is not None:
+                core.release()
             self._task = None
             metrics.BUSY_POLL_SECONDS.inc(time.monotonic() - started)

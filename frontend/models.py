@@ -71,7 +71,7 @@ def build_registry(settings: FrontendSettings, curve: CurveClient | None) -> tup
     client = BrokerClient(settings.broker, settings.heartbeat_interval_s, settings.liveness, curve=curve,
                           fingerprint=first_fingerprint, model=first_info.name,
                           models={fp: info.name for _, info, fp in loaded} if len(loaded) > 1 else None,
-                          busy_poll_us=settings.busy_poll_us)
+                          busy_poll_us=settings.busy_poll_us, busy_poll_pin=settings.busy_poll_pin)
     admission = Admission(settings.max_inflight_tokens)
     services = [Service(model_settings, info, client, admission=admission, fingerprint=fingerprint)
                 for model_settings, info, fingerprint in loaded]

@@ -39,6 +39,7 @@ from quiver.common.protocol import (
 )
 from quiver.common.security import client_from
 from quiver.common.transport import make_socket, recv, recv_frames, send, send_frames
+from quiver.common.wakeups import SpinCore
 from quiver.worker import metrics
 
 log = logging.getLogger("quiver.worker.link")
@@ -155,6 +156,8 @@ class InlineLink:
 
     def __init__(self, ctx: zmq.Context, settings: WorkerSettings, ready: Ready) -> None:
         self.pending: collections.deque[Chunk | Cancel] = collections.deque()
+        # Before the context's first socket: it finds libzmq's I/O threads by starting them.
+        self.spin_core = SpinCore(ctx, enabled=settings.busy_poll_pin and settings.busy_poll_us > 0)
         self.connection = BrokerConnection(ctx, settings, ready, self.pending.append)
         self.spin_s = settings.busy_poll_us / 1e6
         self.watchdog_s = settings.watchdog_s
@@ -166,13 +169,15 @@ class InlineLink:
     def _service(self, wait_s: float) -> None:
         connection = self.connection
         if not connection.readable() and wait_s > 0:
-            # Right after traffic, poll without sleeping for a moment (see BrokerSettings.busy_poll_us).
+            # Right after traffic, poll without sleeping for a moment, on one CPU with the I/O threads.
             now = time.monotonic()
             if now - self.last_message < self.spin_s:
                 end = min(now + wait_s, self.last_message + self.spin_s)
+                self.spin_core.hold()
                 while not connection.readable() and time.monotonic() < end:
-                    pass
+                    self.spin_core.spin_turn()
             if not connection.readable():
+                self.spin_core.release()
                 connection.sock.poll(min(math.ceil(wait_s * 1000), connection.poll_ms()))
         now = time.monotonic()
         if connection.read():
@@ -208,7 +213,12 @@ class InlineLink:
     def drain(self) -> None:
         self.connection.draining = True
 
+    def spin_turn(self) -> None:
+        """One turn of a wait for the device: while the link spins on its CPU, the I/O threads get it."""
+        self.spin_core.spin_turn()
+
     def close(self) -> None:
+        self.spin_core.release()
         self.connection.close("worker stopping")
 
 
@@ -236,8 +246,9 @@ class BrokerLink(threading.Thread):
     scheduler pushes into the inproc PUSH socket at `outbox_endpoint` go out to the broker."""
 
     def __init__(self, ctx: zmq.Context, settings: WorkerSettings, ready: Ready,
-                 inbox: queue.SimpleQueue[Chunk | Cancel], outbox_endpoint: str) -> None:
+                 inbox: queue.SimpleQueue[Chunk | Cancel], outbox_endpoint: str, spin_core: SpinCore) -> None:
         super().__init__(name="broker-link", daemon=True)
+        self.spin_core = spin_core
         self.stalled_for: Callable[[float], float] = lambda now: 0.0  # the scheduler's, set before start
         self.ctx = ctx
         self.settings = settings
@@ -260,11 +271,17 @@ class BrokerLink(threading.Thread):
         spin_s = self.settings.busy_poll_us / 1e6
         last_message = 0.0
         while not self.stopping.is_set():
-            # Right after traffic, poll without sleeping for a moment (see BrokerSettings.busy_poll_us).
+            # Right after traffic, poll without sleeping for a moment, on one CPU with the I/O threads.
             spinning = time.monotonic() - last_message < spin_s
+            if spinning:
+                self.spin_core.hold()
+            else:
+                self.spin_core.release()
             events = dict(poller.poll(0 if spinning else connection.poll_ms()))
             if events:
                 last_message = time.monotonic()
+            elif spinning:
+                self.spin_core.spin_turn()
             if outbox in events:
                 self._forward_outbox(outbox, connection.sock)
             if connection.sock in events:
@@ -277,6 +294,7 @@ class BrokerLink(threading.Thread):
                 poller = zmq.Poller()
                 poller.register(connection.sock, zmq.POLLIN)
                 poller.register(outbox, zmq.POLLIN)
+        self.spin_core.release()
         self._forward_outbox(outbox, connection.sock)
         connection.close("worker stopping")
         outbox.close()
@@ -309,12 +327,14 @@ class ThreadedLink:
 
     def __init__(self, ctx: zmq.Context, settings: WorkerSettings, ready: Ready) -> None:
         endpoint = f"inproc://worker-outbox-{os.getpid()}"
+        # Before the context's first socket: it finds libzmq's I/O threads by starting them.
+        spin_core = SpinCore(ctx, enabled=settings.busy_poll_pin and settings.busy_poll_us > 0)
         self.outbox = make_socket(ctx, zmq.PUSH)
         self.outbox.connect(endpoint)
         # SimpleQueue's put and get are one C-level lock each (queue.Queue's take a condition variable and
         # several Python-level locks), measured ~7 µs less per hand-off on an idle pair of threads.
         self.inbox: queue.SimpleQueue[Chunk | Cancel] = queue.SimpleQueue()
-        self.thread = BrokerLink(ctx, settings, ready, self.inbox, endpoint)
+        self.thread = BrokerLink(ctx, settings, ready, self.inbox, endpoint, spin_core)
 
     def send(self, message: Message) -> None:
         send(self.outbox, message)

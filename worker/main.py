@@ -27,7 +27,7 @@ from quiver.common.tracing import tracing_problem
 from quiver.worker import metrics
 from quiver.worker.faults import with_injected_faults
 from quiver.worker.host_memory import limit_arenas
-from quiver.worker.link import open_link
+from quiver.worker.link import InlineLink, open_link
 from quiver.worker.scheduler import Scheduler
 from quiver.worker.tracing import chunk_tracer
 
@@ -101,7 +101,9 @@ def run_worker(settings: WorkerSettings) -> int:
                           max_batch_seqs=info.max_batch_seqs, chunk_tracer=tracer,
                           background_step_tokens=settings.background_step_tokens,
                           quiet_background_step_tokens=settings.quiet_background_step_tokens,
-                          shared_step_tokens=settings.shared_step_tokens)
+                          shared_step_tokens=settings.shared_step_tokens,
+                          wait_turn=link.spin_turn if isinstance(link, InlineLink) and link.spin_core.io_threads
+                          else None)
     link.start(stalled_for=scheduler.stalled_for)
 
     stop = threading.Event()

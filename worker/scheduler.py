@@ -90,7 +90,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
 class StepResult(Protocol):
     """What engine.step returns (a LazyTensor on a GPU): rows once the step is done, then released."""
 
-    def wait(self, copy: bool = True) -> np.ndarray: ...
+    def wait(self, copy: bool = True, while_pending: Callable[[], None] | None = None) -> np.ndarray: ...
 
     def release(self) -> None: ...
 
@@ -150,8 +150,10 @@ class Scheduler:
     def __init__(self, engine: StepEngine, send: Callable[[Message], None], worker_name: str,
                  max_batch_tokens: int, max_batch_seqs: int, chunk_tracer: ChunkTracer | None = None,
                  background_step_tokens: int = 0, quiet_background_step_tokens: int = 0,
-                 shared_step_tokens: int = 0) -> None:
+                 shared_step_tokens: int = 0, wait_turn: Callable[[], None] | None = None) -> None:
         self.engine = engine
+        # Called between polls of a running step's event (the inline link's spin_turn), else CUDA waits.
+        self.wait_turn = wait_turn
         self.chunk_tracer = chunk_tracer  # None unless tracing is on
         self.tasks = engine.info.model.tasks
         self.sparse_results = engine.info.model.kind == KIND_SPARSE  # SPLADE rows travel as their non-zeros
@@ -410,7 +412,7 @@ class Scheduler:
                 # The device is busy with `running`: wait for it, then launch everything that is waiting
                 # by then, so arrivals during a step join the next one instead of queueing small steps.
                 try:
-                    rows = running.lazy.wait(copy=False)
+                    rows = running.lazy.wait(copy=False, while_pending=self.wait_turn)
                     self._count_busy(running.launched)
                 except Exception as exc:  # noqa: BLE001 - a failing forward costs its batch at most, never the worker
                     running.lazy.release()

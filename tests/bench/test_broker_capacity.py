@@ -59,3 +59,17 @@ def test_saturated_quick_run_answers_every_chunk_through_the_broker_and_the_floo
         assert 0 < row["round_trip_us"]["p50"] <= row["round_trip_us"]["p99"]
     table = (tmp_path / "broker_capacity_saturated.md").read_text()
     assert "| broker | 2 | 2×64 |" in table
+
+
+def test_paced_run_offers_the_rate_and_reports_what_the_broker_adds_over_the_floor(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "quiver.bench.broker_capacity", "--quick", "--saturate",
+                             "--rate", "500", "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads((tmp_path / "broker_capacity_saturated.json").read_text())["rows"]
+    for row in rows:
+        assert row["rate"] == 500 and row["wrong_answers"] == row["unanswered"] == 0
+        assert 400 <= row["chunks"] <= 600  # one second at 500/s: paced, not a window kept full
+    table = (tmp_path / "broker_capacity_saturated.md").read_text()
+    broker_row = next(line for line in table.splitlines() if line.startswith("| broker | 1 | 500/s |"))
+    assert broker_row.rstrip(" |").split("|")[-1].strip() != "-"  # the added latency over the floor is there

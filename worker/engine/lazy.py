@@ -9,6 +9,7 @@ overwritten while someone may still read it; a step that finds no free slot rais
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 import numpy as np
 import torch
@@ -66,15 +67,19 @@ class LazyTensor:
     def shape(self) -> tuple[int, ...]:
         return tuple(self._rows.shape)
 
-    def wait(self, copy: bool = True) -> np.ndarray:
+    def wait(self, copy: bool = True, while_pending: Callable[[], None] | None = None) -> np.ndarray:
         """Block until the result is in host memory and return it.
 
         With copy=True (the default) the array is the caller's own. With copy=False it is a view of the
-        pinned slot, valid only until release().
+        pinned slot, valid only until release(). With `while_pending`, the event is polled and that is
+        called between polls (where CUDA's own wait would spin without ever giving up the CPU).
         """
         if self._released:
             raise RuntimeError("wait() on a LazyTensor that was already released")
         if self._event is not None:
+            if while_pending is not None:
+                while not self._event.query():
+                    while_pending()
             self._event.synchronize()
         return self._rows.copy() if copy and self._slots is not None else self._rows
 
