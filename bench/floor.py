@@ -3,7 +3,8 @@
 In one run, sequential requests through:
   (a) raw pyzmq: a client DEALER -> a broker process (two ROUTERs, forwarding frames unopened) -> a worker
       process (DEALER) and back, with Quiver's own socket setup and message frames (a Chunk of token ids
-      out, a Result of one float32 row back), polling blocking and spinning; and the worker handing each
+      out, a Result of one float32 row back), polling blocking, spinning, and spinning with the I/O threads
+      on the polling thread's CPU as Quiver's processes do (`pinned`, common/wakeups.py); and the worker handing each
       chunk to a second thread and back, through queue.Queue, queue.SimpleQueue (as the worker does) or an
       inproc PAIR;
   (b) a bare Starlette app on uvicorn, POSTing a body the size of a token-id request, answered with a
@@ -39,23 +40,36 @@ import zmq
 from quiver.bench.local_server import cpu_seconds, free_port, wait_http
 from quiver.common.protocol import Chunk, Result, decode
 from quiver.common.transport import make_socket, send_frames
+from quiver.common.wakeups import SpinCore
 
-MODES = ("blocking", "spin")
+MODES = ("blocking", "spin", "pinned")
 # How the worker passes a chunk to its second thread, if at all: queue.Queue, queue.SimpleQueue (what the
 # worker uses) or an inproc PAIR socket; the answers come back through an inproc PUSH as in the worker.
 HANDOFFS = ("none", "queue", "simplequeue", "inproc")
 
 
-def _poll(poller: zmq.Poller, spin: bool) -> dict[Any, int]:
+def _poll(poller: zmq.Poller, spin: bool, core: SpinCore | None = None) -> dict[Any, int]:
     while True:
         events = dict(poller.poll(0 if spin else 100))
         if events:
             return events
+        if core is not None:
+            core.spin_turn()
 
 
-def _broker(front: str, back: str, spin: bool, ready: Any) -> None:
+def _spin_core(ctx: zmq.Context, mode: str) -> SpinCore | None:
+    """In mode `pinned`, the context's I/O threads held on the caller's CPU; made before its first socket."""
+    if mode != "pinned":
+        return None
+    core = SpinCore(ctx)
+    core.hold()
+    return core
+
+
+def _broker(front: str, back: str, mode: str, ready: Any) -> None:
     """Forward client frames to the one worker and its answers back, never opening the body."""
     ctx = zmq.Context()
+    core, spin = _spin_core(ctx, mode), mode != "blocking"
     clients, workers = make_socket(ctx, zmq.ROUTER), make_socket(ctx, zmq.ROUTER)
     clients.bind(front)
     workers.bind(back)
@@ -65,7 +79,7 @@ def _broker(front: str, back: str, spin: bool, ready: Any) -> None:
     poller.register(clients, zmq.POLLIN)
     poller.register(workers, zmq.POLLIN)
     while True:
-        events = _poll(poller, spin)
+        events = _poll(poller, spin, core)
         if clients in events:
             client_id, *frames = clients.recv_multipart(copy=False)
             send_frames(workers, [client_id, *frames], identity=worker_id)
@@ -82,9 +96,10 @@ def _answer(frames: list[Any], dim: int) -> list[Any]:
                   worker="floor", values=values).encode()
 
 
-def _worker(back: str, spin: bool, handoff: str, dim: int) -> None:
+def _worker(back: str, mode: str, handoff: str, dim: int) -> None:
     """Answer every chunk; with a hand-off, a second thread does the answering, as the scheduler does."""
     ctx = zmq.Context()
+    core, spin = _spin_core(ctx, mode), mode != "blocking"
     sock = make_socket(ctx, zmq.DEALER)
     sock.connect(back)
     sock.send(b"hello")
@@ -92,7 +107,7 @@ def _worker(back: str, spin: bool, handoff: str, dim: int) -> None:
     poller.register(sock, zmq.POLLIN)
     if handoff == "none":
         while True:
-            _poll(poller, spin)
+            _poll(poller, spin, core)
             client_id, *frames = sock.recv_multipart(copy=False)
             send_frames(sock, [client_id, *_answer(frames, dim)])
     outbox_pull = make_socket(ctx, zmq.PULL)
@@ -117,7 +132,7 @@ def _worker(back: str, spin: bool, handoff: str, dim: int) -> None:
 
     threading.Thread(target=scheduler, daemon=True).start()
     while True:
-        events = _poll(poller, spin)
+        events = _poll(poller, spin, core)
         if sock in events:
             frames = sock.recv_multipart(copy=False)
             if handoff == "inproc":
@@ -128,23 +143,34 @@ def _worker(back: str, spin: bool, handoff: str, dim: int) -> None:
             send_frames(sock, outbox_pull.recv_multipart(copy=False))
 
 
+def _spin_for(seconds: float, core: SpinCore | None) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        if core is not None:
+            core.spin_turn()
+
+
 def _percentiles(samples_s: list[float]) -> tuple[float, float]:
     values = np.asarray(samples_s) * 1e6
     return round(float(np.percentile(values, 50)), 1), round(float(np.percentile(values, 99)), 1)
 
 
-def zmq_round_trip(mode: str, handoff: str, requests: int, tokens: int, dim: int) -> tuple[float, float]:
-    """p50 / p99 µs of client -> broker -> worker -> broker -> client, each in its own process."""
-    spin = mode == "spin"
-    tag = f"{os.getpid()}-{mode}-{handoff}"
+def zmq_round_trip(mode: str, handoff: str, requests: int, tokens: int, dim: int,
+                   gap_us: float = 0.0) -> tuple[float, float]:
+    """p50 / p99 µs of client -> broker -> worker -> broker -> client, each in its own process; with
+    `gap_us`, the client waits that long (spinning) before each request, as a stream does while the
+    engine works, so every thread of the path has slept as long."""
+    spin = mode != "blocking"
+    tag = f"{os.getpid()}-{mode}-{handoff}-{gap_us:.0f}"
     front, back = f"ipc:///tmp/quiver-floor-{tag}-f", f"ipc:///tmp/quiver-floor-{tag}-b"
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
-    processes = [context.Process(target=_broker, args=(front, back, spin, ready), daemon=True),
-                 context.Process(target=_worker, args=(back, spin, handoff, dim), daemon=True)]
+    processes = [context.Process(target=_broker, args=(front, back, mode, ready), daemon=True),
+                 context.Process(target=_worker, args=(back, mode, handoff, dim), daemon=True)]
     for process in processes:
         process.start()
     ctx = zmq.Context()
+    core = _spin_core(ctx, mode)
     client = make_socket(ctx, zmq.DEALER)
     try:
         if not ready.wait(60):
@@ -157,14 +183,18 @@ def zmq_round_trip(mode: str, handoff: str, requests: int, tokens: int, dim: int
         for index in range(requests + requests // 5 + 5):
             chunk = Chunk(chunk_id=f"c{index}", task="embed", num_seqs=1, num_tokens=tokens, normalize=True,
                           timeout_s=30.0, input_ids=ids, seq_lens=np.array([tokens], dtype=np.int32))
+            if gap_us:
+                _spin_for(gap_us / 1e6, core)
             started = time.perf_counter()
             send_frames(client, chunk.encode())
-            _poll(poller, spin)
+            _poll(poller, spin, core)
             client.recv_multipart(copy=False)
             if index >= requests // 5 + 5:
                 samples.append(time.perf_counter() - started)
         return _percentiles(samples)
     finally:
+        if core is not None:
+            core.release()
         client.close()
         ctx.term()
         for process in processes:
@@ -364,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="CI size: 20 requests, 128 tokens, blocking polls only (spinning needs free cores), CPU")
     parser.add_argument("--modes", default=",".join(MODES), type=lambda t: tuple(t.split(",")),
-                        help="pyzmq polling: blocking, spin or both")
+                        help="pyzmq polling, comma-separated: blocking, spin, pinned (spinning, the I/O threads on "
+                             "the poller's CPU)")
     parser.add_argument("--device", default="", help="device of `quiver serve` (default: cuda if visible, else cpu)")
     parser.add_argument("--model", default="", help="checkpoint to serve (default: the packaged all-MiniLM-L6-v2)")
     parser.add_argument("--lengths", default="128,512,4096", type=lambda t: [int(x) for x in t.split(",")])

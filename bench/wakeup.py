@@ -13,7 +13,7 @@ the engine's milliseconds finds every I/O thread asleep. This measures, in one r
   zmq   the floor's client -> broker -> worker -> broker -> client round trip (bench/floor.py's frames),
         every process spinning, GAP µs between requests: libzmq's I/O threads left where the kernel puts
         them (`free`), or kept on the polling thread's own CPU (`pinned`, common/wakeups.py), the thread
-        yielding at every turn of its spin.
+        yielding at every turn of its spin; each gap runs on processes of its own.
 
     python -m quiver.bench.wakeup [--gaps-us 0,300,1500,5000] [--requests 300] [--json OUT]
 """
@@ -29,11 +29,8 @@ import time
 from typing import Any
 
 import numpy as np
-import zmq
 
-from quiver.common.protocol import Chunk, Result, decode
-from quiver.common.transport import make_socket, send_frames
-from quiver.common.wakeups import SpinCore
+from quiver.bench.floor import zmq_round_trip
 
 
 def _percentiles(samples_s: list[float]) -> list[float]:
@@ -41,10 +38,9 @@ def _percentiles(samples_s: list[float]) -> list[float]:
     return [round(float(np.percentile(values, 50)), 1), round(float(np.percentile(values, 99)), 1)]
 
 
-def _spin_until(deadline: float, yielding: bool) -> None:
+def _spin_until(deadline: float) -> None:
     while time.perf_counter() < deadline:
-        if yielding:
-            os.sched_yield()
+        pass
 
 
 def _answer_pings(fd_in: int, fd_out: int, cpu: int | None) -> None:
@@ -73,13 +69,14 @@ def pipe_round_trips(mode: str, gaps_us: list[int], requests: int, cpus: list[in
         processes.append(context.Process(target=_keep_awake, args=(cpus[1],), daemon=True))
     for process in processes:
         process.start()
+    allowed = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {cpus[0]})
     try:
         out = {}
         for gap in gaps_us:
             samples = []
             for index in range(requests + 20):
-                _spin_until(time.perf_counter() + gap / 1e6, yielding=False)
+                _spin_until(time.perf_counter() + gap / 1e6)
                 started = time.perf_counter()
                 os.write(ping_w, b"p")
                 while True:
@@ -94,7 +91,7 @@ def pipe_round_trips(mode: str, gaps_us: list[int], requests: int, cpus: list[in
         os.write(ping_w, b"q")
         return out
     finally:
-        os.sched_setaffinity(0, os.sched_getaffinity(1) or set(range(os.cpu_count() or 1)))
+        os.sched_setaffinity(0, allowed)
         for process in processes:
             process.kill()
             process.join(5)
@@ -102,103 +99,10 @@ def pipe_round_trips(mode: str, gaps_us: list[int], requests: int, cpus: list[in
             os.close(fd)
 
 
-def _spin_poll(poller: zmq.Poller, core: SpinCore) -> dict[Any, int]:
-    while True:
-        events = dict(poller.poll(0))
-        if events:
-            return events
-        core.spin_turn()
-
-
-def _zmq_broker(front: str, back: str, pinned: bool, ready: Any, cpus: Any) -> None:
-    ctx = zmq.Context()
-    core = SpinCore(ctx, enabled=pinned)
-    core.hold()
-    cpus.put(("broker", core.cpu))
-    clients, workers = make_socket(ctx, zmq.ROUTER), make_socket(ctx, zmq.ROUTER)
-    clients.bind(front)
-    workers.bind(back)
-    worker_id = workers.recv_multipart()[0]
-    ready.set()
-    poller = zmq.Poller()
-    poller.register(clients, zmq.POLLIN)
-    poller.register(workers, zmq.POLLIN)
-    while True:
-        events = _spin_poll(poller, core)
-        if clients in events:
-            client_id, *frames = clients.recv_multipart(copy=False)
-            send_frames(workers, [client_id, *frames], identity=worker_id)
-        if workers in events:
-            _, client_id, *frames = workers.recv_multipart(copy=False)
-            send_frames(clients, frames, identity=client_id.bytes)
-
-
-def _zmq_worker(back: str, pinned: bool, dim: int, cpus: Any) -> None:
-    ctx = zmq.Context()
-    core = SpinCore(ctx, enabled=pinned)
-    core.hold()
-    cpus.put(("worker", core.cpu))
-    sock = make_socket(ctx, zmq.DEALER)
-    sock.connect(back)
-    sock.send(b"hello")
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
-    while True:
-        _spin_poll(poller, core)
-        client_id, *frames = sock.recv_multipart(copy=False)
-        chunk = decode(frames)
-        assert isinstance(chunk, Chunk)
-        values = np.ones((chunk.num_seqs, dim), dtype=np.float32)
-        send_frames(sock, [client_id, *Result(chunk_id=chunk.chunk_id, num_seqs=chunk.num_seqs, dim=dim,
-                                              queue_s=0.0, inference_s=0.0, worker="w", values=values).encode()])
-
-
-def zmq_round_trips(mode: str, gaps_us: list[int], requests: int, tokens: int = 128,
-                    dim: int = 1024) -> dict[str, Any]:
-    """p50 / p99 µs of the spinning floor round trip, per idle gap between requests, and the CPU each
-    process held (pinned) or None."""
-    pinned = mode == "pinned"
-    tag = f"{os.getpid()}-{mode}"
-    front, back = f"ipc:///tmp/quiver-wakeup-{tag}-f", f"ipc:///tmp/quiver-wakeup-{tag}-b"
-    context = multiprocessing.get_context("spawn")
-    ready, cpus = context.Event(), context.Queue()
-    processes = [context.Process(target=_zmq_broker, args=(front, back, pinned, ready, cpus), daemon=True),
-                 context.Process(target=_zmq_worker, args=(back, pinned, dim, cpus), daemon=True)]
-    for process in processes:
-        process.start()
-    ctx = zmq.Context()
-    core = SpinCore(ctx, enabled=pinned)
-    core.hold()
-    client = make_socket(ctx, zmq.DEALER)
-    try:
-        if not ready.wait(60):
-            raise RuntimeError("the broker or worker did not start")
-        client.connect(front)
-        ids = np.arange(tokens, dtype=np.int32) % 1000 + 10
-        poller = zmq.Poller()
-        poller.register(client, zmq.POLLIN)
-        out: dict[str, Any] = {"cpus": dict([cpus.get(timeout=10), cpus.get(timeout=10), ("client", core.cpu)])}
-        for gap in gaps_us:
-            samples = []
-            for index in range(requests + 20):
-                _spin_until(time.perf_counter() + gap / 1e6, yielding=core.held)
-                chunk = Chunk(chunk_id=f"c{index}", task="embed", num_seqs=1, num_tokens=tokens, normalize=True,
-                              timeout_s=30.0, input_ids=ids, seq_lens=np.array([tokens], dtype=np.int32))
-                started = time.perf_counter()
-                send_frames(client, chunk.encode())
-                _spin_poll(poller, core)
-                client.recv_multipart(copy=False)
-                if index >= 20:
-                    samples.append(time.perf_counter() - started)
-            out[str(gap)] = _percentiles(samples)
-        return out
-    finally:
-        core.release()
-        client.close()
-        ctx.term()
-        for process in processes:
-            process.kill()
-            process.join(5)
+def zmq_round_trips(mode: str, gaps_us: list[int], requests: int) -> dict[str, list[float]]:
+    """p50 / p99 µs of the floor's spinning round trip (bench/floor.py), free or pinned, per idle gap."""
+    return {str(gap): list(zmq_round_trip("pinned" if mode == "pinned" else "spin", "none", requests, 128, 1024,
+                                           gap_us=gap)) for gap in gaps_us}
 
 
 def idle_settings() -> dict[str, str]:
@@ -240,10 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- |" + " --- |" * len(args.gaps_us))
     for name, rows in result.items():
         if name.startswith(("pipe", "zmq")):
-            print(f"| {name} | " + " | ".join(f"{rows[str(gap)][0]} / {rows[str(gap)][1]}" for gap in args.gaps_us)
-                  + " |")
-    print()
-    print("CPUs held in the pinned run:", result["zmq pinned"]["cpus"])
+            print(f"| {name} | " + " | ".join(f"{p50} / {p99}" for p50, p99 in rows.values()) + " |")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=1)
