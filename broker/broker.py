@@ -112,8 +112,9 @@ class Broker:
         spin_core = self.spin_core
         last_message = 0.0
         while self.running:
-            # Right after traffic, poll without sleeping for a moment: the next message of a busy
-            # stream then costs no thread wake-up (tens of microseconds each on a virtual machine).
+            # Right after traffic, poll without sleeping for a moment, libzmq's I/O threads on this
+            # thread's CPU (common/wakeups.py): the next message of a busy stream then wakes no thread on
+            # a halted CPU (tens of microseconds to a millisecond each on a virtual machine).
             wake_at = self.next_heartbeat if self.gauges_due is None else min(self.next_heartbeat, self.gauges_due)
             now = monotonic()
             if now - last_message < spin_s:

@@ -39,8 +39,8 @@ from quiver.common.protocol import (
 )
 from quiver.common.security import CurveClient
 from quiver.common.transport import make_socket, recv_frames, send_frames
-from quiver.frontend import metrics
 from quiver.common.wakeups import SpinCore
+from quiver.frontend import metrics
 from quiver.frontend.keep_awake import KeepAwake
 
 log = logging.getLogger("quiver.frontend.broker")

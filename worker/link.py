@@ -213,9 +213,13 @@ class InlineLink:
     def drain(self) -> None:
         self.connection.draining = True
 
-    def spin_turn(self) -> None:
-        """One turn of a wait for the device: while the link spins on its CPU, the I/O threads get it."""
-        self.spin_core.spin_turn()
+    def wait_turn(self) -> None:
+        """One turn of the scheduler's wait for the device: the CPU goes to the I/O threads while they share it, else to
+        any thread, and the GIL to the process's other threads (CUDA's own wait released it)."""
+        if self.spin_core.held:
+            self.spin_core.spin_turn()
+        else:
+            os.sched_yield()
 
     def close(self) -> None:
         self.spin_core.release()

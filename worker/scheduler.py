@@ -152,7 +152,7 @@ class Scheduler:
                  background_step_tokens: int = 0, quiet_background_step_tokens: int = 0,
                  shared_step_tokens: int = 0, wait_turn: Callable[[], None] | None = None) -> None:
         self.engine = engine
-        # Called between polls of a running step's event (the inline link's spin_turn), else CUDA waits.
+        # Called between polls of a running step's event (the inline link's wait_turn), else CUDA waits.
         self.wait_turn = wait_turn
         self.chunk_tracer = chunk_tracer  # None unless tracing is on
         self.tasks = engine.info.model.tasks
