@@ -1,7 +1,8 @@
 """How long the frontend's tokenizer takes on a rerank request's pairs, and how it scales with threads.
 
 Times what the frontend's TextTokenizer.encode_sync does with pairs (the tokenizers library's
-encode_batch in the pair template, then each encoding's ids and segment ids as lists) on score_bench's
+encode_batch_fast in the pair template, then each encoding's ids and segment ids as lists), and the same
+with encode_batch (which also finds each token's character offsets), on score_bench's
 workload (one query of 16 tokens against 5 / 25 / 50 documents of 512) and tokenizer, once per
 RAYON_NUM_THREADS setting, each in a fresh process (the tokenizers library sizes its pool once).
 
@@ -21,8 +22,11 @@ import time
 from pathlib import Path
 
 
+METHODS = ("encode_batch_fast", "encode_batch")
+
+
 def measure(repeat: int) -> dict[str, float]:
-    """ms per batch of pairs (median) at each document count, in this process."""
+    """ms per batch of pairs (median) by method and document count, in this process."""
     from tokenizers import Tokenizer
 
     from quiver.bench import score_bench
@@ -31,16 +35,18 @@ def measure(repeat: int) -> dict[str, float]:
         score_bench.write_tokenizer(Path(scratch))
         tokenizer = Tokenizer.from_file(str(Path(scratch) / "tokenizer.json"))
     out = {}
-    for count in score_bench.DOC_COUNTS:
-        query, documents = score_bench.workload(count, seed=count)
-        pairs = [(query, document) for document in documents]
-        times = []
-        for _ in range(repeat + 3):
-            start = time.perf_counter()
-            encodings = tokenizer.encode_batch(pairs, add_special_tokens=True)
-            [e.ids for e in encodings], [e.type_ids for e in encodings]
-            times.append((time.perf_counter() - start) * 1e3)
-        out[str(count)] = round(statistics.median(times[3:]), 3)
+    for method in METHODS:
+        encode = getattr(tokenizer, method)
+        for count in score_bench.DOC_COUNTS:
+            query, documents = score_bench.workload(count, seed=count)
+            pairs = [(query, document) for document in documents]
+            times = []
+            for _ in range(repeat + 3):
+                start = time.perf_counter()
+                encodings = encode(pairs, add_special_tokens=True)
+                [e.ids for e in encodings], [e.type_ids for e in encodings]
+                times.append((time.perf_counter() - start) * 1e3)
+            out[f"{method} {count}"] = round(statistics.median(times[3:]), 3)
     return out
 
 
@@ -53,8 +59,11 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.repeat)))
         return
-    print(f"| RAYON_NUM_THREADS | {' | '.join(f'{n} pairs, ms' for n in (5, 25, 50))} |")
-    print("| --- | --- | --- | --- |")
+    from quiver.bench.score_bench import DOC_COUNTS
+
+    columns = [f"{method}, {count} pairs" for method in METHODS for count in DOC_COUNTS]
+    print(f"| RAYON_NUM_THREADS | {' | '.join(columns)} |")
+    print("| --- |" + " --- |" * len(columns))
     for threads in args.threads.split(","):
         env = dict(os.environ)
         env.pop("RAYON_NUM_THREADS", None)

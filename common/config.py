@@ -123,6 +123,9 @@ class WorkerSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     shared_step_tokens: int = option(0, "online tokens in one forward pass that holds rows of several chunks (one "
                                         "chunk alone may fill --max-batch-tokens): shorter steps for many "
                                         "concurrent small requests (0: 4096 on a GPU, no separate limit on a CPU)")
+    queue_steps: bool = option(True, "launch a forward pass that no later request could join (full to a budget or "
+                                     "a cap) behind the running one, so the GPU goes on without waiting for the "
+                                     "host; off: each pass is launched once the one before is done")
 
 
 @dataclass

@@ -157,9 +157,12 @@ CONTRACT: tuple[MetricSpec, ...] = (
     _spec("quiver_worker_batch_tokens", "histogram", WORKER, (),
           "Tokens per forward pass (before padding to a graph bucket)", buckets=TOKEN_BUCKETS),
     _spec("quiver_worker_step_seconds", "histogram", WORKER, (),
-          "Time from a batch's launch to its results on the host", buckets=LATENCY_BUCKETS),
+          "Time the device ran a batch: from its launch (or, queued behind another, that one's end) to its "
+          "results on the host", buckets=LATENCY_BUCKETS),
     _spec("quiver_worker_step_chunks", "histogram", WORKER, (),
           "Chunks (requests, or parts of one) with a sequence in a forward pass", buckets=SEQUENCE_BUCKETS),
+    _spec("quiver_worker_queued_steps_total", "counter", WORKER, (),
+          "Forward passes launched behind a running one (no later arrival could have joined them)"),
     _spec("quiver_worker_busy_seconds_total", "counter", WORKER, (),
           "Time the device spent on forward passes: from a launch (or the previous step's end) to its results"),
     _spec("quiver_worker_chunks_total", "counter", WORKER, ("outcome",),

@@ -70,7 +70,7 @@ async def make_windows(service: Service, inputs: object, prompt_name: str | None
     if texts is not None:
         service.check_texts(texts, param)
         prefix = service.input_prefix(prompt_name, instruction)
-        encodings = await asyncio.to_thread(service.tokenizer.plain.encode_batch,
+        encodings = await asyncio.to_thread(service.tokenizer.plain.encode_batch_fast,
                                             [prefix + text for text in texts], add_special_tokens=True)
         special_room = max((sum(e.special_tokens_mask) for e in encodings), default=0)
         if special_room >= limit:

@@ -65,7 +65,7 @@ def document_sequences(service: Service, documents: list[list[str]]) -> tuple[Ra
     head, tail = service.tokenizer.wrapper_ids
     limit = service.info.max_input_length
     flat = [chunk for document in documents for chunk in document]
-    encodings = iter(service.tokenizer.plain.encode_batch(flat, add_special_tokens=False))
+    encodings = iter(service.tokenizer.plain.encode_batch_fast(flat, add_special_tokens=False))
     ids: list[list[int]] = []
     chunk_lens = []
     for d, document in enumerate(documents):

@@ -101,7 +101,7 @@ def run_worker(settings: WorkerSettings) -> int:
                           max_batch_seqs=info.max_batch_seqs, chunk_tracer=tracer,
                           background_step_tokens=settings.background_step_tokens,
                           quiet_background_step_tokens=settings.quiet_background_step_tokens,
-                          shared_step_tokens=settings.shared_step_tokens,
+                          shared_step_tokens=settings.shared_step_tokens, queue_steps=settings.queue_steps,
                           wait_turn=link.wait_turn if isinstance(link, InlineLink) and link.spin_core.io_threads
                           else None)
     link.start(stalled_for=scheduler.stalled_for)

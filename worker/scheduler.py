@@ -22,12 +22,16 @@ of mixed lengths run at 0.97 of the throughput of a full 16,384-token step, 4,09
 there). So that online traffic that never pauses cannot starve a bulk job, background rows that have
 waited BACKGROUND_MAX_WAIT_S join the next step, online rows or not, with their short share.
 
-One step runs on the device at a time. While it runs the scheduler does the CPU side of the step before
-(scatter the rows, answer finished chunks) and collects arrivals; it waits on the running step's event and
-then launches everything that is waiting as the next step, so that under load a step takes all waiting
-requests up to the budget instead of many small steps queueing behind each other. The engine is reached
-through StepEngine (the real Engine satisfies it; tests use the real one on CPU); this module does not
-import torch itself, but the engine package it takes Batch from does.
+A step runs on the device while the scheduler does the CPU side of the step before (scatter the rows,
+answer finished chunks) and collects arrivals. The next step is launched when the running one is done,
+with everything that is waiting by then, so that under load a step takes all waiting requests up to the
+budget instead of many small steps queueing behind each other. One exception, which costs no one a
+place: a step that no later arrival could join (online rows up to the shared cap, the budget or the
+sequence cap) is launched as soon as it is known, queued on the device behind the running step, so the
+device goes from one to the next without waiting for the host (a long request's later chunks, or 16
+clients' rows beyond one shared step). At most one step is queued so. The engine is reached through
+StepEngine (the real Engine satisfies it; tests use the real one on CPU); this module does not import
+torch itself, but the engine package it takes Batch from does.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -144,14 +149,17 @@ class InFlightBatch:
     lazy: StepResult
     refs: list[SequenceRef]
     launched: float
+    device_s: float = 0.0  # how long the device ran it: from the later of its launch and the step before's end
 
 
 class Scheduler:
     def __init__(self, engine: StepEngine, send: Callable[[Message], None], worker_name: str,
                  max_batch_tokens: int, max_batch_seqs: int, chunk_tracer: ChunkTracer | None = None,
                  background_step_tokens: int = 0, quiet_background_step_tokens: int = 0,
-                 shared_step_tokens: int = 0, wait_turn: Callable[[], None] | None = None) -> None:
+                 shared_step_tokens: int = 0, wait_turn: Callable[[], None] | None = None,
+                 queue_steps: bool = True) -> None:
         self.engine = engine
+        self.queue_steps = queue_steps  # closed steps may be launched behind the running one
         # Called between polls of a running step's event (the inline link's wait_turn), else CUDA waits.
         self.wait_turn = wait_turn
         self.chunk_tracer = chunk_tracer  # None unless tracing is on
@@ -215,8 +223,11 @@ class Scheduler:
         return ""
 
     # batching ----------------------------------------------------------------------------------
-    def next_batch(self) -> tuple[Batch, list[SequenceRef]] | None:
-        """Take sequences up to the budgets in queue order, online chunks first; None when nothing waits."""
+    def next_batch(self, closed_only: bool = False) -> tuple[Batch, list[SequenceRef]] | None:
+        """Take sequences up to the budgets in queue order, online chunks first; None when nothing waits.
+
+        closed_only: take them only if no chunk arriving later could join the step (see closed()); else
+        None, and nothing is taken."""
         refs: list[SequenceRef] = []
         tokens = background_tokens = 0
         now = time.monotonic()
@@ -245,8 +256,8 @@ class Scheduler:
                 self._fail_chunk(job.chunk.chunk_id, ErrorCode.EXPIRED, "the request's deadline passed before it ran")
                 self._trace(job, ErrorCode.EXPIRED.value)
                 continue
-            while job.next_row < job.chunk.num_seqs:
-                length = int(job.chunk.seq_lens[job.next_row])
+            for row in range(job.next_row, job.chunk.num_seqs):
+                length = int(job.chunk.seq_lens[row])
                 if len(refs) >= self.max_batch_seqs or (refs and tokens + length > self.max_batch_tokens):
                     full = True
                     break
@@ -257,13 +268,16 @@ class Scheduler:
                                    (background_tokens and background_tokens + length > background_cap)):
                     full = True  # only background rows are left, and their share of the step is taken
                     break
-                refs.append(SequenceRef(job, job.next_row))
+                refs.append(SequenceRef(job, row))
                 row_kind = job_row_kind
                 tokens += length
                 background_tokens += length if background else 0
-                job.next_row += 1
-                if job.started is None:
-                    job.started = now
+        if closed_only and not self.closed(refs, tokens):
+            return None
+        for ref in refs:
+            ref.job.next_row = ref.row + 1
+            if ref.job.started is None:
+                ref.job.started = now
         # Round robin: a chunk that had rows in this step and still has more goes behind every chunk
         # waiting now, so it holds later arrivals for one step at most and is itself never passed over
         # for more than the chunks that arrived before its turn came round.
@@ -277,6 +291,14 @@ class Scheduler:
         if background_tokens:
             self.background_moved = now
         return self._assemble(refs), refs
+
+    def closed(self, refs: list[SequenceRef], tokens: int) -> bool:
+        """Whether no online chunk arriving later could add a row to this step: it holds online rows and
+        reached the sequence cap, or the token budget or the cap of a step shared by several chunks (a
+        later chunk's row would share it). A step of background rows alone is never closed: an online
+        arrival goes before them."""
+        return (any(not ref.job.background for ref in refs) and
+                (len(refs) >= self.max_batch_seqs or tokens >= min(self.shared_step_tokens, self.max_batch_tokens)))
 
     @staticmethod
     def _assemble(refs: list[SequenceRef]) -> Batch:
@@ -296,23 +318,23 @@ class Scheduler:
         """Wait for a launched batch, copy its rows into their chunks, answer the finished chunks."""
         try:
             rows = flight.lazy.wait(copy=False)  # read in place: _scatter copies each row to its chunk
-            self._count_busy(flight.launched)
+            self._count_busy(flight)
             self._scatter(rows, flight)
         finally:
             flight.lazy.release()
         self._close_step(flight)
 
-    def _count_busy(self, launched: float) -> None:
+    def _count_busy(self, flight: InFlightBatch) -> None:
         done = time.monotonic()
-        metrics.GPU_BUSY_SECONDS.inc(max(0.0, done - max(launched, self.busy_until)))
-        metrics.STEP_SECONDS.observe(done - launched)
+        flight.device_s = max(0.0, done - max(flight.launched, self.busy_until))
+        metrics.GPU_BUSY_SECONDS.inc(flight.device_s)
+        metrics.STEP_SECONDS.observe(flight.device_s)
         self.busy_until = done
 
     def _close_step(self, flight: InFlightBatch) -> None:
         self.steps += 1
-        elapsed = self.busy_until - flight.launched
         for job in {id(ref.job): ref.job for ref in flight.refs}.values():
-            job.inference_s += elapsed
+            job.inference_s += flight.device_s
             job.steps += 1
             if job.rows_left == 0 and not job.closed:
                 self._answer(job)
@@ -398,46 +420,73 @@ class Scheduler:
     # loop --------------------------------------------------------------------------------------
     def run(self, inbox: Inbox, stop: threading.Event, drain: threading.Event) -> None:
         """Serve until `stop`; after `drain`, finish what is held and return."""
-        running: InFlightBatch | None = None
+        flights: collections.deque[InFlightBatch] = collections.deque()  # the running step, then a queued one
         while not stop.is_set():
             self.loop_at = time.monotonic()
-            idle = running is None and not self.waiting
+            idle = not flights and not self.waiting
             if idle and drain.is_set() and inbox.empty():
                 return
             if self.steps - self.trimmed_at_step >= TRIM_EVERY_STEPS:
                 self._trim()
             self._absorb(inbox, block=idle)
-            rows = None
-            if running is not None:
-                # The device is busy with `running`: wait for it, then launch everything that is waiting
-                # by then, so arrivals during a step join the next one instead of queueing small steps.
+            done = rows = None
+            if flights:
+                done = flights.popleft()
                 try:
-                    rows = running.lazy.wait(copy=False, while_pending=self.wait_turn)
-                    self._count_busy(running.launched)
+                    rows = done.lazy.wait(copy=False, while_pending=lambda: self._while_step_runs(inbox, flights))
+                    self._count_busy(done)
                 except Exception as exc:  # noqa: BLE001 - a failing forward costs its batch at most, never the worker
-                    running.lazy.release()
-                    self.recover(running.refs, exc)
-                    running = None
+                    done.lazy.release()
+                    self.recover(done.refs, exc)
+                    done = None
                 self._absorb(inbox, block=False)
-            launched = None
-            picked = self.next_batch()
-            if picked is not None:
-                try:
-                    launched = self.launch(*picked)
-                except Exception as exc:  # noqa: BLE001 - as above
-                    self.recover(picked[1], exc)
-            if running is not None and rows is not None:
-                try:  # the CPU side of the finished step, while the device runs the next one
-                    self._scatter(rows, running)
-                finally:
-                    running.lazy.release()
-                self._close_step(running)
-            running = launched
+            if flights:
+                # A queued step runs now: the finished step's CPU side first (it frees its result slot),
+                # then another step behind this one only if no later arrival could join it.
+                self._close_flight(done, rows)
+                self._launch_next(flights, queued=True)
+            else:
+                # The device is idle: everything that is waiting by now goes in the next step, and the
+                # CPU side of the finished step runs while the device works.
+                self._launch_next(flights, queued=False)
+                self._close_flight(done, rows)
             metrics.QUEUE_DEPTH.set(self.waiting_seqs)
             metrics.INFLIGHT_CHUNKS.set(len(self.jobs))
             metrics.loop_tick()  # the loop went round: its timestamp, and systemd's watchdog
-        if running is not None:
-            self.finish(running)
+        while flights:
+            self.finish(flights.popleft())
+
+    def _while_step_runs(self, inbox: Inbox, flights: collections.deque[InFlightBatch]) -> None:
+        """One turn of the wait for a running step (flights then holds any step queued behind it): the
+        CPU goes to other threads for a moment, arrivals are taken in, and a step no later arrival could
+        join is queued behind the running one if none is yet."""
+        (self.wait_turn or os.sched_yield)()
+        self._absorb(inbox, block=False)
+        if self.queue_steps and not flights and self.waiting:
+            self._launch_next(flights, queued=True)
+
+    def _launch_next(self, flights: collections.deque[InFlightBatch], queued: bool) -> None:
+        """Launch the next step into `flights`; queued (behind a running step): only a closed one."""
+        picked = self.next_batch(closed_only=queued)
+        if picked is None:
+            return
+        try:
+            flights.append(self.launch(*picked))
+        except Exception as exc:  # noqa: BLE001 - as a failing forward: its batch at most
+            self.recover(picked[1], exc)
+            return
+        if queued:
+            metrics.QUEUED_STEPS.inc()
+
+    def _close_flight(self, flight: InFlightBatch | None, rows: np.ndarray | None) -> None:
+        """The CPU side of a finished step: its rows to their chunks, its slot released, chunks answered."""
+        if flight is None or rows is None:
+            return
+        try:
+            self._scatter(rows, flight)
+        finally:
+            flight.lazy.release()
+        self._close_step(flight)
 
     def stalled_for(self, now: float) -> float:
         """Seconds since the loop last went round: long only when a step hangs."""

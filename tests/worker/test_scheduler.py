@@ -222,3 +222,67 @@ def test_a_lexical_chunk_is_refused_by_a_model_without_bge_m3_heads(engine: Engi
     scheduler.accept(chunk)
     assert scheduler.next_batch() is None
     assert [(type(m).__name__, m.code) for m in sent if isinstance(m, Error)] == [("Error", "bad_input")]
+
+
+def test_only_a_step_no_later_arrival_could_join_is_taken_when_closed_only(engine: Engine) -> None:
+    scheduler = Scheduler(engine, send=lambda message: None, worker_name="test", max_batch_tokens=100,
+                          max_batch_seqs=4, shared_step_tokens=60)
+    scheduler.accept(_chunk("short", [20, 20], seed=1))
+    assert scheduler.next_batch(closed_only=True) is None  # 40 tokens: a later chunk's row could still join
+    assert scheduler.jobs["short"].next_row == 0 and scheduler.waiting_seqs == 2  # and nothing was taken
+    scheduler.accept(_chunk("more", [20], seed=2))
+    picked = scheduler.next_batch(closed_only=True)  # 60 tokens: the shared cap
+    assert picked is not None and [ref.job.chunk.chunk_id for ref in picked[1]] == ["short", "short", "more"]
+    scheduler.accept(_chunk("many", [1] * 6, seed=3))
+    picked = scheduler.next_batch(closed_only=True)  # the sequence cap of 4
+    assert picked is not None and [ref.row for ref in picked[1]] == [0, 1, 2, 3]
+    bulk = _chunk("bulk", [60, 40], seed=4)
+    bulk.priority = PRIORITY_BACKGROUND
+    scheduler.accept(bulk)
+    assert scheduler.next_batch() is not None  # "many"'s last two rows
+    scheduler.online_seen -= ONLINE_RECENT_S  # background rows alone: an online arrival would go first
+    assert scheduler.next_batch(closed_only=True) is None
+    picked = scheduler.next_batch()
+    assert picked is not None and [ref.job.chunk.chunk_id for ref in picked[1]] == ["bulk", "bulk"]
+
+
+def _serve(scheduler: Scheduler, faulty: FaultyEngine, sent: list[Message], first: Chunk,
+           later: Chunk) -> dict[str, Result]:
+    """`first` waiting when the loop starts, `later` sent once `first`'s step is on the device; the answers."""
+    inbox: queue.Queue = queue.Queue()
+    inbox.put(first)
+    stop, drain = threading.Event(), threading.Event()
+    loop = threading.Thread(target=scheduler.run, args=(inbox, stop, drain), daemon=True)
+    loop.start()
+    deadline = time.monotonic() + 60
+    while not faulty.timeline and time.monotonic() < deadline:
+        time.sleep(0.001)
+    inbox.put(later)
+    drain.set()
+    loop.join(timeout=60)
+    assert not loop.is_alive()
+    return {m.chunk_id: m for m in sent if isinstance(m, Result)}
+
+
+@pytest.mark.parametrize("queue_steps", [True, False])
+def test_a_closed_step_is_queued_behind_the_running_one_and_an_open_one_waits_for_it(
+        engine: Engine, queue_steps: bool) -> None:
+    """With steps that take the device 300 ms (after the one before): the chunk that arrives during the
+    first step fills the shared cap with two rows, so that step is launched at once, behind the first;
+    its last row (30 tokens, room for more) waits for the device. Every row stays on its sequence."""
+    sent: list[Message] = []
+    faulty = FaultyEngine(engine, {"step_ms": 300})
+    scheduler = Scheduler(faulty, send=sent.append, worker_name="test", max_batch_tokens=100, max_batch_seqs=16,
+                          shared_step_tokens=60, queue_steps=queue_steps)
+    first, later = _chunk("first", [20], seed=1), _chunk("later", [50, 50, 30], seed=2)
+    results = _serve(scheduler, faulty, sent, first, later)
+    assert sorted(results) == ["first", "later"]
+    for chunk in (first, later):
+        np.testing.assert_allclose(results[chunk.chunk_id].values, _expected(engine, chunk), atol=1e-4)
+    (launch_1, ready_1), (launch_2, ready_2), (launch_3, _) = faulty.timeline
+    assert (launch_2 < ready_1) == queue_steps  # queued behind the running step, or launched after it
+    assert launch_3 >= ready_2  # an open step waits for the device, for whoever arrives meanwhile
+    # queued: the device goes from the first step to the second without waiting for the host
+    assert ready_2 - ready_1 == pytest.approx(0.3, abs=1e-6) if queue_steps else ready_2 - ready_1 >= 0.3
+    # a chunk's inference time counts the device's time on its steps, not its wait behind another step
+    assert results["later"].inference_s == pytest.approx(0.6, abs=0.1)

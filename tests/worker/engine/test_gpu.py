@@ -272,3 +272,54 @@ def test_equal_rows_above_the_graphs_run_dense_and_match_each_row_alone(family_n
     alone = np.concatenate([engine.step(_batch([s], [True])).wait() for s in sequences])
     assert engine.stats()["eager_steps"] >= 1
     assert _cosines(together, alone).min() > 0.999
+
+
+def test_the_scheduler_queues_closed_steps_and_every_row_stays_on_its_sequence(tmp_path: Path) -> None:
+    """The serving loop on the GPU engine, chunks arriving from another thread in bursts: closed steps
+    are launched behind the running one (graph replays and eager steps alike: graphs up to 512 tokens),
+    and every chunk's rows match its sequences run alone."""
+    import queue
+    import threading
+    import time
+
+    from quiver.common.protocol import Chunk, Message, Result
+    from quiver.worker import metrics
+    from quiver.worker.scheduler import Scheduler
+
+    family = next(f for f in FAMILIES if f.name == "qwen3_causal_last")
+    path, _ = write_family(family, tmp_path)
+    engine = load_engine(path, device="cuda", max_batch_tokens=2048, max_batch_seqs=24, graph_max_tokens=512)
+    rng = np.random.default_rng(5)
+    templates = [rng.integers(4, 90, size=int(rng.integers(1, 101)), dtype=np.int32) for _ in range(200)]
+    raw = np.concatenate([engine.run_eager(_batch([t])) for t in templates])
+    unit = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+    sent: list[Message] = []
+    scheduler = Scheduler(engine, send=sent.append, worker_name="gpu-test", max_batch_tokens=2048,
+                          max_batch_seqs=24, shared_step_tokens=256)
+    picks_by_chunk: dict[str, np.ndarray] = {}
+    inbox: queue.Queue = queue.Queue()
+    queued_before = metrics.QUEUED_STEPS._value.get()
+    stop, drain = threading.Event(), threading.Event()
+    loop = threading.Thread(target=scheduler.run, args=(inbox, stop, drain), daemon=True)
+    loop.start()
+    for n in range(600):
+        picks = rng.integers(0, len(templates), size=int(rng.integers(1, 13)))
+        seqs = [templates[i] for i in picks]
+        chunk_id = f"c{n}"
+        picks_by_chunk[chunk_id] = picks
+        inbox.put(Chunk(chunk_id=chunk_id, task="embed", num_seqs=len(seqs), num_tokens=sum(map(len, seqs)),
+                        normalize=True, timeout_s=60.0, input_ids=np.concatenate(seqs),
+                        seq_lens=np.array([len(s) for s in seqs], dtype=np.int32)))
+        if n % 8 == 7:
+            time.sleep(0.002)
+    drain.set()
+    loop.join(timeout=120)
+    assert not loop.is_alive()
+    results = {m.chunk_id: m for m in sent if isinstance(m, Result)}
+    assert sorted(results) == sorted(picks_by_chunk)
+    worst = min(float(_cosines(results[c].values, unit[picks]).min()) for c, picks in picks_by_chunk.items())
+    queued = metrics.QUEUED_STEPS._value.get() - queued_before
+    print(f"scheduler on the GPU: {scheduler.steps} steps, {queued:.0f} queued behind a running one, "
+          f"lowest cosine {worst:.5f}; {engine.stats()}")
+    assert worst > 0.999
+    assert queued > 0 and engine.stats()["eager_steps"] > 0
