@@ -102,8 +102,7 @@ def run_worker(settings: WorkerSettings) -> int:
                           background_step_tokens=settings.background_step_tokens,
                           quiet_background_step_tokens=settings.quiet_background_step_tokens,
                           shared_step_tokens=settings.shared_step_tokens, queue_steps=settings.queue_steps,
-                          wait_turn=link.wait_turn if isinstance(link, InlineLink) and link.spin_core.io_threads
-                          else None)
+                          wait_turn=link.wait_turn if isinstance(link, InlineLink) else None)
     link.start(stalled_for=scheduler.stalled_for)
 
     stop = threading.Event()

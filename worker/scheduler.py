@@ -160,8 +160,9 @@ class Scheduler:
                  queue_steps: bool = True) -> None:
         self.engine = engine
         self.queue_steps = queue_steps  # closed steps may be launched behind the running one
-        # Called between polls of a running step's event (the inline link's wait_turn), else CUDA waits.
-        self.wait_turn = wait_turn
+        # Called between polls of a running step's event: the inline link's wait_turn, or a bare yield.
+        self.wait_turn = wait_turn or os.sched_yield
+        self.plan_stale = False  # while a step runs: whether arrivals may have closed the next step
         self.chunk_tracer = chunk_tracer  # None unless tracing is on
         self.tasks = engine.info.model.tasks
         self.sparse_results = engine.info.model.kind == KIND_SPARSE  # SPLADE rows travel as their non-zeros
@@ -432,6 +433,7 @@ class Scheduler:
             done = rows = None
             if flights:
                 done = flights.popleft()
+                self.plan_stale = True
                 try:
                     rows = done.lazy.wait(copy=False, while_pending=lambda: self._while_step_runs(inbox, flights))
                     self._count_busy(done)
@@ -460,9 +462,11 @@ class Scheduler:
         """One turn of the wait for a running step (flights then holds any step queued behind it): the
         CPU goes to other threads for a moment, arrivals are taken in, and a step no later arrival could
         join is queued behind the running one if none is yet."""
-        (self.wait_turn or os.sched_yield)()
-        self._absorb(inbox, block=False)
-        if self.queue_steps and not flights and self.waiting:
+        self.wait_turn()
+        if self._absorb(inbox, block=False):
+            self.plan_stale = True
+        if self.plan_stale and self.queue_steps and not flights and self.waiting:
+            self.plan_stale = False  # the waiting set is planned again only once something arrives
             self._launch_next(flights, queued=True)
 
     def _launch_next(self, flights: collections.deque[InFlightBatch], queued: bool) -> None:
@@ -496,15 +500,16 @@ class Scheduler:
         release_free_memory()
         self.trimmed_at_step = self.steps
 
-    def _absorb(self, inbox: Inbox, block: bool) -> None:
+    def _absorb(self, inbox: Inbox, block: bool) -> bool:
+        """Accept what the inbox holds (waiting up to IDLE_POLL_S for the first when `block`); whether any."""
         try:
             self.accept(inbox.get(timeout=IDLE_POLL_S) if block else inbox.get_nowait())
         except queue.Empty:
             if block and self.steps > self.trimmed_at_step:
                 self._trim()  # idle for a while: a good moment, off every request's path
-            return
+            return False
         while True:
             try:
                 self.accept(inbox.get_nowait())
             except queue.Empty:
-                return
+                return True
