@@ -43,36 +43,23 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Callable
 
 import numpy as np
 
 from quiver.common.model_info import KIND_SPARSE
-from quiver.common.protocol import (
-    PER_TOKEN_TASKS, PRIORITY_ONLINE, TASK_LEXICAL, Cancel, Chunk, Error, ErrorCode, Message, Result,
-)
+from quiver.common.protocol import TASK_LEXICAL, Cancel, Chunk, Error, ErrorCode, Message, Result
 from quiver.common.ragged import RaggedError, RaggedLimits
 from quiver.worker import metrics
 from quiver.worker.engine.batch import Batch
 from quiver.worker.host_memory import TRIM_EVERY_STEPS, release_free_memory
+from quiver.worker.steps import ChunkJob, Inbox, InFlightBatch, SequenceRef, StepEngine, is_out_of_memory
 from quiver.worker.tracing import ChunkTracer
 
 log = logging.getLogger("quiver.worker.scheduler")
 
 
 IDLE_POLL_S = 0.1  # an idle loop wakes this often (for the stop flag and the watchdog)
-
-
-class Inbox(Protocol):
-    """Where chunks and cancels come from, as queue.SimpleQueue gives them (get and get_nowait raise
-    queue.Empty): a queue the worker's link thread fills, or the InlineLink polling the socket itself."""
-
-    def get(self, block: bool = True, timeout: float | None = None) -> Chunk | Cancel: ...
-
-    def get_nowait(self) -> Chunk | Cancel: ...
-
-    def empty(self) -> bool: ...
 
 
 ONLINE_RECENT_S = 2.0  # background rows stay in short steps this long after online work was last seen
@@ -85,71 +72,6 @@ DEFAULT_QUIET_BACKGROUND_STEP_TOKENS = {"cuda": 8192, "cpu": 512}
 # whose throughput barely depends on a step's size and whose steps a shorter cap would not shorten much).
 DEFAULT_SHARED_STEP_TOKENS = {"cuda": 4096, "cpu": 0}
 BACKGROUND_MAX_WAIT_S = 0.25  # background rows kept out of online steps this long at most
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """torch.cuda.OutOfMemoryError (or an injected stand-in), recognised without importing torch."""
-    return "OutOfMemoryError" in type(exc).__name__ or "out of memory" in str(exc).lower()
-
-
-class StepResult(Protocol):
-    """What engine.step returns (a LazyTensor on a GPU): rows once the step is done, then released."""
-
-    def wait(self, copy: bool = True, while_pending: Callable[[], None] | None = None) -> np.ndarray: ...
-
-    def release(self) -> None: ...
-
-
-@runtime_checkable
-class StepEngine(Protocol):
-    """The engine as the scheduler uses it: info.model (a ModelInfo: kind, tasks, vocabulary, length limit, token types),
-    info.output_dim, info.device (its type sizes background steps), and step(), which launches one batch and
-    returns at once on a GPU."""
-
-    info: Any
-
-    def step(self, batch: Batch) -> StepResult: ...
-
-
-@dataclass(eq=False)
-class ChunkJob:
-    chunk: Chunk  # its rows are chunk.ids (common.ragged), validated on intake
-    received: float
-    deadline: float
-    rows_left: int  # rows whose results have not come back
-    next_row: int = 0  # the first row not yet taken into a step
-    values: np.ndarray | None = None
-    started: float | None = None
-    inference_s: float = 0.0
-    closed: bool = False  # answered, failed or cancelled: its remaining sequences are skipped
-    steps: int = 0  # steps that ran some of its sequences
-
-    @property
-    def background(self) -> bool:
-        return self.chunk.priority != PRIORITY_ONLINE
-
-    @property
-    def row_kind(self) -> str:
-        """What a step of this chunk's rows gives: pooled rows (""), or its task's kind of token rows."""
-        return self.chunk.task if self.chunk.task in PER_TOKEN_TASKS else ""
-
-
-@dataclass(eq=False)
-class SequenceRef:
-    job: ChunkJob
-    row: int
-
-    @property
-    def length(self) -> int:
-        return int(self.job.chunk.seq_lens[self.row])
-
-
-@dataclass
-class InFlightBatch:
-    lazy: StepResult
-    refs: list[SequenceRef]
-    launched: float
-    device_s: float = 0.0  # how long the device ran it: from the later of its launch and the step before's end
 
 
 class Scheduler:

@@ -14,7 +14,8 @@ from quiver.common.model_info import default_model_dir
 from quiver.common.protocol import PRIORITY_BACKGROUND, Cancel, Chunk, Error, Message, Result
 from quiver.worker.engine import Batch, Engine, load_engine
 from quiver.worker.faults import FaultyEngine
-from quiver.worker.scheduler import BACKGROUND_MAX_WAIT_S, ONLINE_RECENT_S, Scheduler, StepEngine
+from quiver.worker.scheduler import BACKGROUND_MAX_WAIT_S, ONLINE_RECENT_S, Scheduler
+from quiver.worker.steps import StepEngine
 
 
 @pytest.fixture(scope="module")
