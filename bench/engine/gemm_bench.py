@@ -5,7 +5,9 @@
 For each product of one layer of the pplx-embed-0.6B (Qwen3) and BGE-M3 (XLM-R) shapes, at M tokens:
 cuBLAS as the engine calls it (F.linear on the fused q/k/v and gate/up weights), the same with torch's
 cuBLASLt preference, the unfused products (q, k, v and gate, up as separate calls, as the checkpoints
-store them), a tuned Triton GEMM, and FP8 (torch._scaled_mm on e4m3 weights with per-channel scales:
+store them), the split-K Triton kernel (split_k_gemm.py; the fastest of its candidate
+plans, each checked against a float32 product and for run-to-run equality first), and FP8
+(torch._scaled_mm on e4m3 weights with per-channel scales:
 the product alone, and with the per-token quantisation of its input before it). Each is timed inside a
 CUDA graph over enough weight copies that they outgrow L2 (every call reads its weight from memory);
 the figure is µs per product and the weight read in TB/s (weight bytes / time; an FP8 weight has half
@@ -17,9 +19,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-import triton
-import triton.language as tl
 
+from quiver.bench.engine import split_k_gemm
 from quiver.worker.engine.layers import triton_ops
 from quiver.worker.engine.layers.linear import Fp8Weight, fp8_linear, quantize_weight
 
@@ -35,43 +36,7 @@ PRODUCTS = [
     ("BGE-M3", "down", 1024, 4096, (1024,)),
 ]
 L2_FLUSH_BYTES = 4 * 60 * 2**20
-VARIANTS = ("cublas", "cublaslt", "unfused", "triton", "fp8_gemm", "fp8")
-
-
-def _configs() -> list[triton.Config]:
-    shapes = [(64, 64, 128, 4, 4), (64, 128, 64, 4, 4), (64, 32, 128, 5, 4), (128, 64, 64, 4, 8),
-              (64, 64, 64, 6, 4), (128, 128, 64, 3, 8)]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, num_stages=s, num_warps=w)
-            for m, n, k, s, w in shapes]
-
-
-@triton.autotune(configs=_configs(), key=["M", "N", "K"])
-@triton.jit
-def _gemm_kernel(x_ptr, w_ptr, out_ptr, M, N: tl.constexpr, K: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    inner = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + rows[:, None] * K + (k + inner)[None, :], mask=rows[:, None] < M, other=0.0)
-        w = tl.load(w_ptr + cols[None, :] * K + (k + inner)[:, None])
-        acc = tl.dot(x, w, acc)
-    tl.store(out_ptr + rows[:, None] * N + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=rows[:, None] < M)
-
-
-def triton_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ weight [N, K].T (N, K multiples of the blocks), autotuned per shape."""
-    m, k = x.shape
-    n = weight.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-
-    def grid(meta: dict[str, Any]) -> tuple[int, int]:
-        return triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"])
-
-    _gemm_kernel[grid](x, weight, out, m, N=n, K=k)
-    return out
+VARIANTS = ("cublas", "cublaslt", "unfused", "split_k", "fp8_gemm", "fp8")
 
 
 def _graph_us(calls: list[Callable[[], Any]], replays: int = 10, trials: int = 5) -> float:
@@ -101,8 +66,6 @@ def _variant_calls(variant: str, x: torch.Tensor, weights: list[torch.Tensor], f
         return [lambda w=w: torch.nn.functional.linear(x, w) for w in weights]
     if variant == "unfused":
         return [lambda w=w: [torch.nn.functional.linear(x, p) for p in w.split(list(parts))] for w in weights]
-    if variant == "triton":
-        return [lambda w=w: triton_linear(x, w) for w in weights]
     if variant == "fp8_gemm":
         data, scale = triton_ops.quantize_rows(x)
         return [lambda f=f: torch._scaled_mm(data, f.data.t(), scale_a=scale, scale_b=f.scale,
@@ -125,6 +88,9 @@ def bench_gemms(tokens_list: list[int], bandwidth_gbs: float) -> list[dict[str, 
             for variant in VARIANTS:
                 if variant == "unfused" and len(parts) == 1:
                     continue
+                if variant == "split_k":
+                    _bench_split_k(row, x, weights)
+                    continue
                 torch.backends.cuda.preferred_blas_library("cublaslt" if variant == "cublaslt" else preferred)
                 try:
                     us = _graph_us(_variant_calls(variant, x, weights, fp8, parts))
@@ -138,9 +104,47 @@ def bench_gemms(tokens_list: list[int], bandwidth_gbs: float) -> list[dict[str, 
             print("| " + " | ".join([shape, product, str(tokens), f"{row['bound_us']:.1f}"] + [
                 f"{row[f'{v}_us']:.1f} ({row[f'{v}_tbs']:.2f})" if f"{v}_us" in row else "-" for v in VARIANTS
             ]) + " |", flush=True)
+            if "split_k_plan" in row:
+                print(f"    split_k plan (block m, n, k, split, stages, warps) {row['split_k_plan']}, "
+                      f"largest relative error of any plan {row['split_k_max_rel_error']}", flush=True)
         del weights, fp8
         torch.cuda.empty_cache()
     return rows
+
+
+def _check_plan(gemm: split_k_gemm.SplitKGemm, plan: split_k_gemm.GemmPlan, x: torch.Tensor,
+                weight: torch.Tensor) -> float:
+    """The plan's largest error against a float32 product, relative to that product's largest value;
+    raises if two runs differ (the split sums must be added in a fixed order)."""
+    first = gemm.run(plan, x, weight, None)
+    second = gemm.run(plan, x, weight, None)
+    if not torch.equal(first, second):
+        raise AssertionError(f"{plan}: two runs differ")
+    reference = x.float() @ weight.float().t()
+    return float((first.float() - reference).abs().max() / reference.abs().max())
+
+
+def _bench_split_k(row: dict[str, Any], x: torch.Tensor, weights: list[torch.Tensor]) -> None:
+    """Time every candidate plan of this shape; the row gets the fastest, its plan, and every plan's µs."""
+    gemm = split_k_gemm.SplitKGemm(x.device)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    timed = []
+    for plan in split_k_gemm.candidate_plans(row["M"], row["N"], row["K"], sms):
+        try:
+            error = _check_plan(gemm, plan, x, weights[0])
+            us = _graph_us([lambda w=w, p=plan: gemm.run(p, x, w, None) for w in weights])
+        except Exception as exc:  # noqa: BLE001 - a plan that fails is reported and skipped
+            print(f"  split_k {plan} M={row['M']} N={row['N']} K={row['K']}: failed: {exc}", flush=True)
+            continue
+        timed.append({"plan": list(vars(plan).values()), "us": round(us, 2), "rel_error": round(error, 5)})
+    if not timed:
+        return
+    best = min(timed, key=lambda t: t["us"])
+    row["split_k_us"] = best["us"]
+    row["split_k_tbs"] = round(row["N"] * row["K"] * 2 / best["us"] / 1e6, 2)
+    row["split_k_plan"] = best["plan"]
+    row["split_k_plans"] = timed
+    row["split_k_max_rel_error"] = max(t["rel_error"] for t in timed)
 
 
 def bench_gelu_epilogue(tokens_list: list[int]) -> list[dict[str, Any]]:
