@@ -7,7 +7,10 @@ word-level tokenizer whose words are one token each, with XLM-R's "<s> a </s></s
 Workload: one query of 16 tokens against 5, 25 and 50 documents of 512 tokens each. A Quiver request
 is POST /rerank (tokenize, score, sigmoid, sort); a transformers request tokenizes the pairs, runs one
 padded batch, takes the sigmoid and sorts. Both are timed end to end on the host clock, one request at
-a time, after warm-up (Quiver captures a CUDA graph the second time it sees a shape).
+a time, after warm-up. Quiver is timed with two clients in turn: "quiver" is one keep-alive http.client
+connection sending a body encoded before the clock starts (the server's figure); "quiver_httpx" is
+httpx encoding the JSON body inside the timed call (this benchmark's client until 2026-12-05: about
+1 ms more per 50-document request on the shared development VM).
 
     python -m quiver.bench.score_bench OUT.json [--device cuda] [--iters 200] [--url http://HOST:PORT]
 
@@ -20,14 +23,16 @@ Prints a Markdown table and writes every figure to OUT.json.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import numpy as np
@@ -166,39 +171,90 @@ def stop_quiver(server: subprocess.Popen) -> None:
 STAGE_HEADERS = ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time")
 
 
-def quiver_latency(client: httpx.Client, url: str, count: int,
+Answer = tuple[int, dict[str, str], bytes]
+
+
+class RawClient:
+    """One keep-alive http.client connection with the body encoded before the clock starts, as floor.py
+    and hop_trace.py time requests: the figure is the server's and the socket's, not a client library's."""
+
+    def __init__(self, url: str) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        self.connection = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port or 80, timeout=120)
+
+    def post(self, path: str, body: bytes) -> Answer:
+        try:
+            return self._post(path, body)
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # The server closed the kept-alive connection while the other client ran (its idle timeout);
+            # this happens on a run's first, untimed requests.
+            self.connection.close()
+            return self._post(path, body)
+
+    def _post(self, path: str, body: bytes) -> Answer:
+        self.connection.request("POST", path, body, {"Content-Type": "application/json"})
+        response = self.connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def quiver_latency(client: tuple[Callable[[dict[str, Any]], Any], Callable[[Any], Answer]], count: int,
                    args: argparse.Namespace) -> tuple[list[float], list, dict[str, dict[str, float]]]:
     """Client latencies (ms), the last ranking, and percentiles of the server's own stage times (ms, from
-    its x-*-time headers: frontend total, tokenization, and the slowest chunk's worker queue and step)."""
+    its x-*-time headers: frontend total, tokenization, and the slowest chunk's worker queue and step).
+    `client` is (prepare, post): prepare turns the /rerank body into what post sends, once, untimed;
+    post sends it and answers (status, headers, body), timed."""
+    prepare, post = client
     query, documents = workload(count, seed=count)
-    body = {"query": query, "texts": documents, "truncate": False}
+    body = prepare({"query": query, "texts": documents, "truncate": False})
     samples: list[float] = []
     stages: dict[str, list[float]] = {name: [] for name in STAGE_HEADERS}
     ranked: list = []
     for i in range(args.warmup + args.iters):
         start = time.perf_counter()
-        response = client.post(url + "/rerank", json=body)
+        status, headers, content = post(body)
         elapsed = (time.perf_counter() - start) * 1e3
-        if response.status_code != 200:
-            raise RuntimeError(f"/rerank answered {response.status_code}: {response.text[:500]}")
-        ranked = [(r["index"], r["score"]) for r in response.json()]
+        if status != 200:
+            raise RuntimeError(f"/rerank answered {status}: {content[:500]!r}")
+        ranked = [(r["index"], r["score"]) for r in json.loads(content)]
         if i >= args.warmup:
             samples.append(elapsed)
             for name in STAGE_HEADERS:
-                stages[name].append(float(response.headers.get(name, "nan")))
+                stages[name].append(float(headers.get(name, "nan")))
     return samples, ranked, {name[2:-5]: percentiles(values) for name, values in stages.items()}
 
 
-def run_quiver(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    latency, scores, stages = {}, {}, {}
-    with httpx.Client(timeout=120) as client:
-        info = client.get(url + "/info").json()
+def run_quiver(url: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Quiver's figures with each client: "quiver" (http.client, the body encoded before the clock
+    starts) and "quiver_httpx" (httpx encoding the body as JSON inside the timed call, as this benchmark
+    measured until 2026-12-05), one document count at a time, the two clients in turn."""
+    raw, library = RawClient(url), httpx.Client(timeout=120)
+
+    def library_post(body: dict[str, Any]) -> Answer:
+        response = library.post(url + "/rerank", json=body)
+        return response.status_code, dict(response.headers), response.content
+
+    runs = {"quiver": (lambda body: json.dumps(body).encode(), lambda payload: raw.post("/rerank", payload)),
+            "quiver_httpx": (lambda body: body, library_post)}
+    results: dict[str, dict[str, Any]] = {name: {"latency_ms": {}, "ranked": {}, "server_stages_ms": {}} for name in runs}
+    try:
+        info = library.get(url + "/info").json()
         for count in DOC_COUNTS:
-            samples, ranked, stages[count] = quiver_latency(client, url, count, args)
-            latency[count], scores[count] = percentiles(samples), ranked
-            print(f"quiver, {count} documents: {latency[count]}; server stages p50 ms: "
-                  f"{ {name: figures['p50'] for name, figures in stages[count].items()} }", flush=True)
-    return {"latency_ms": latency, "ranked": scores, "info": info, "server_stages_ms": stages}
+            for name, client in runs.items():
+                samples, ranked, stages = quiver_latency(client, count, args)
+                result = results[name]
+                result["latency_ms"][count], result["ranked"][count] = percentiles(samples), ranked
+                result["server_stages_ms"][count] = stages
+                print(f"{name}, {count} documents: {result['latency_ms'][count]}; server stages p50 ms: "
+                      f"{ {stage: figures['p50'] for stage, figures in stages.items()} }", flush=True)
+    finally:
+        raw.close()
+        library.close()
+    for result in results.values():
+        result["info"] = info
+    return results
 
 
 # ---- report -----------------------------------------------------------------------------------------------
@@ -217,7 +273,7 @@ def markdown(results: dict[str, Any]) -> str:
     header = "| runner | " + " | ".join(f"{n} docs p50 / p90 / p99 / max (ms)" for n in DOC_COUNTS) + " |"
     lines = [f"{MODEL_NAME}, one query of {QUERY_TOKENS} tokens, documents of {DOC_TOKENS} tokens", "",
              header, "| --- |" + " --- |" * len(DOC_COUNTS)]
-    for runner in ("quiver", "transformers"):
+    for runner in ("quiver", "quiver_httpx", "transformers"):
         if runner in results:
             cells = [" / ".join(str(results[runner]["latency_ms"][n][p]) for p in ("p50", "p90", "p99", "max"))
                      for n in DOC_COUNTS]
@@ -263,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     if not url:
         server, url = start_quiver(path, args, out.with_suffix(".serve.log"))
     try:
-        results["quiver"] = run_quiver(url, args)
+        results.update(run_quiver(url, args))
     finally:
         if server is not None:
             stop_quiver(server)
