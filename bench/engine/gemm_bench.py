@@ -116,8 +116,8 @@ def _check_plan(gemm: split_k_gemm.SplitKGemm, plan: split_k_gemm.GemmPlan, x: t
                 weight: torch.Tensor) -> float:
     """The plan's largest error against a float32 product, relative to that product's largest value;
     raises if two runs differ (the split sums must be added in a fixed order)."""
-    first = gemm.run(plan, x, weight, None)
-    second = gemm.run(plan, x, weight, None)
+    first = gemm.run(plan, x, weight)
+    second = gemm.run(plan, x, weight)
     if not torch.equal(first, second):
         raise AssertionError(f"{plan}: two runs differ")
     reference = x.float() @ weight.float().t()
@@ -132,7 +132,7 @@ def _bench_split_k(row: dict[str, Any], x: torch.Tensor, weights: list[torch.Ten
     for plan in split_k_gemm.candidate_plans(row["M"], row["N"], row["K"], sms):
         try:
             error = _check_plan(gemm, plan, x, weights[0])
-            us = _graph_us([lambda w=w, p=plan: gemm.run(p, x, w, None) for w in weights])
+            us = _graph_us([lambda w=w, p=plan: gemm.run(p, x, w) for w in weights])
         except Exception as exc:  # noqa: BLE001 - a plan that fails is reported and skipped
             print(f"  split_k {plan} M={row['M']} N={row['N']} K={row['K']}: failed: {exc}", flush=True)
             continue

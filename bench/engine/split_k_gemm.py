@@ -5,8 +5,8 @@ At a few hundred tokens a product is bound by reading its weight, and cuBLAS til
 the inner dimension can be split as well, so that about as many programs as SMs stream a slice of the
 weight each. The programs of one output tile write float32 partial sums to a workspace; the last of them
 to arrive (a per-tile arrival counter) adds the slices in split order, so the result does not depend on
-the arrival order, adds the bias, applies the activation, writes the output and resets the counter, so
-the kernel can be replayed in a CUDA graph.
+the arrival order, writes the output and resets the counter, so the kernel can be replayed in a CUDA
+graph.
 
 Measured on an H100 (bench/RESULTS.md, 2026-12-05, night): the fastest plan of each shape takes 0.99-1.16
 times cuBLAS's time at M = 64 and 1.08-1.29 times at 512, and a split plan is the fastest only for the
@@ -24,8 +24,6 @@ import triton.language as tl
 
 WORKSPACE_BYTES = 32 * 2**20
 MAX_TILES = 4096  # arrival counters: output tiles of the largest split product
-ACTIVATIONS = {"gelu": 1, "gelu_new": 2, "gelu_pytorch_tanh": 2, "gelu_fast": 2, "relu": 3, "silu": 4,
-               "swish": 4}
 
 
 @dataclass(frozen=True)
@@ -55,30 +53,14 @@ class GemmPlan:
 
 
 @triton.jit
-def _tanh(x):
-    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
-
-
-@triton.jit
-def _finish(acc, bias_ptr, out_ptr, rows, cols, M, N, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    if ACTIVATION == 1:
-        acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
-    elif ACTIVATION == 2:
-        acc = 0.5 * acc * (1.0 + _tanh(0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)))
-    elif ACTIVATION == 3:
-        acc = tl.maximum(acc, 0.0)
-    elif ACTIVATION == 4:
-        acc = acc * tl.sigmoid(acc)
+def _write(acc, out_ptr, rows, cols, M, N):
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     tl.store(out_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _split_k_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, arrivals_ptr, M, N, K, x_row_stride, k_per_split,
-    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+    x_ptr, w_ptr, out_ptr, partial_ptr, arrivals_ptr, M, N, K, x_row_stride, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -103,7 +85,7 @@ def _split_k_kernel(
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if splits == 1:
-        _finish(acc, bias_ptr, out_ptr, rows, cols, M, N, HAS_BIAS, ACTIVATION)
+        _write(acc, out_ptr, rows, cols, M, N)
     else:
         num_tiles = tl.num_programs(0)
         block = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -119,7 +101,7 @@ def _split_k_kernel(
                 total += tl.load(partial_ptr + (part * num_tiles + tile).to(tl.int64) * (BLOCK_M * BLOCK_N) + block,
                                  cache_modifier=".cg")
             tl.atomic_xchg(arrivals_ptr + tile, 0)
-            _finish(total, bias_ptr, out_ptr, rows, cols, M, N, HAS_BIAS, ACTIVATION)
+            _write(total, out_ptr, rows, cols, M, N)
 
 
 class SplitKGemm:
@@ -129,9 +111,8 @@ class SplitKGemm:
         self.partials = torch.empty(WORKSPACE_BYTES // 4, dtype=torch.float32, device=device)
         self.arrivals = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
 
-    def run(self, plan: GemmPlan, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-            activation: str | None = None) -> torch.Tensor:
-        """activation(x @ weight.T + bias) with this plan (plan.fits must hold for the shape)."""
+    def run(self, plan: GemmPlan, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x @ weight.T with this plan (plan.fits must hold for the shape)."""
         k = x.shape[-1]
         rows = x.reshape(-1, k)
         if rows.stride(-1) != 1:
@@ -141,9 +122,7 @@ class SplitKGemm:
             raise ValueError("the split-K product needs a row-major weight")
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
         _split_k_kernel[(plan.tiles(m, n), plan.split)](
-            rows, weight, bias if bias is not None else weight, out, self.partials, self.arrivals,
-            m, n, k, rows.stride(0), k // plan.split,
-            HAS_BIAS=bias is not None, ACTIVATION=ACTIVATIONS[activation] if activation else 0,
+            rows, weight, out, self.partials, self.arrivals, m, n, k, rows.stride(0), k // plan.split,
             BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
             num_stages=plan.stages, num_warps=plan.warps,
         )
