@@ -242,10 +242,10 @@ class Scheduler:
         try:
             rows = flight.lazy.wait(copy=False)  # read in place: _scatter copies each row to its chunk
             self._count_busy(flight)
-            self._scatter(rows, flight)
-        finally:
+        except BaseException:
             flight.lazy.release()
-        self._close_step(flight)
+            raise
+        self._close_flight(flight, rows)
 
     def _count_busy(self, flight: InFlightBatch) -> None:
         done = time.monotonic()
