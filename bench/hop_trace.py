@@ -8,8 +8,15 @@ are logged with time.monotonic_ns, which on Linux is one clock for every process
 sequential token-id requests go to /v1/embeddings, and each request's events are lined up into one
 timeline: p50 / p90 µs of every segment, per length.
 
+With --detail the frontend's and the worker's calls on the path are stamped too (entry `>`, return `<`:
+the prologue, parse, check and chunking of the request, the response's write; the worker's decode,
+intake, planning, the engine step's halves and the answer), and each stamp's offset from the client's
+start is listed, with when the client had the response's headers and its end: where inside a segment
+the time goes.
+
     python -m quiver.bench.hop_trace --device cuda --model DIR --lengths 128,512,4096 --requests 200
     python -m quiver.bench.hop_trace --quick          # the packaged model on the CPU, a few requests
+    python -m quiver.bench.hop_trace --device cuda --model DIR --lengths 128 --detail
 
 The tracer's own writes (a line to a file per event, ~5-20 µs) are inside the segments: compare
 segments with each other and across runs of this tool, not with untraced figures.
@@ -37,7 +44,7 @@ from quiver.bench.local_server import free_port, wait_http
 TRACER = '''
 import os, sys
 if os.environ.get("HOPTRACE"):
-    import functools, threading, time
+    import functools, inspect, threading, time
     import quiver.common.transport as transport
     _out = open(os.path.join(os.environ["HOPTRACE"], f"{os.getpid()}.log"), "a", buffering=1)
 
@@ -72,11 +79,110 @@ if os.environ.get("HOPTRACE"):
         for name, label in (("accept", "W.accept"), ("launch", "W.launch"), ("_count_busy", "W.done"),
                             ("_answer", "W.answer")):
             _on_entry(scheduler.Scheduler, name, label)
+
+    def _around(owner, name, label):
+        """With --detail: stamp a method's entry (label>) and return (label<), a coroutine's as it runs;
+        a method the tree does not have is skipped (the tool also traces older trees)."""
+        original = owner.__dict__.get(name)
+        if original is None:
+            return
+        function = original.__func__ if isinstance(original, staticmethod) else original
+
+        if inspect.iscoroutinefunction(function):
+            @functools.wraps(function)
+            async def wrapper(*args, **kwargs):
+                _log(f"{label}>")
+                try:
+                    return await function(*args, **kwargs)
+                finally:
+                    _log(f"{label}<")
+        else:
+            @functools.wraps(function)
+            def wrapper(*args, **kwargs):
+                _log(f"{label}>")
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    _log(f"{label}<")
+
+        setattr(owner, name, staticmethod(wrapper) if isinstance(original, staticmethod) else wrapper)
+
+    def _around_function(module, name, label):
+        """_around for a module's function, as the module's own code calls it."""
+        original = getattr(module, name)
+
+        def wrapped(*args, **kwargs):
+            _log(f"{label}>")
+            try:
+                return original(*args, **kwargs)
+            finally:
+                _log(f"{label}<")
+
+        setattr(module, name, wrapped)
+
+    if "worker" in sys.orig_argv and os.environ.get("HOPTRACE_DETAIL"):
+        import quiver.worker.engine.engine as engine
+        import quiver.worker.engine.graphs as graphs
+        import quiver.worker.engine.lazy as lazy
+        import quiver.worker.link as link
+
+        _around_function(engine, "plan_shape", "D.plan_shape")
+        _around_function(engine, "pack_batch", "D.pack_batch")
+        for owner, name, label in ((engine.Engine, "step", "D.step"),
+                                   (engine.Engine, "_check_shapes", "D.check_shapes"),
+                                   (engine.Engine, "upload", "D.upload"),
+                                   (graphs.GraphRunner, "run", "D.replay"),
+                                   (lazy.HostSlots, "acquire", "D.acquire"),
+                                   (lazy.LazyTensor, "release", "D.release"),
+                                   (scheduler.Scheduler, "_scatter", "D.scatter"),
+                                   (link.BrokerConnection, "read", "D.read"),
+                                   (link.BrokerConnection, "keep_alive", "D.keep_alive"),
+                                   (link.InlineLink, "_service", "D.service"),
+                                   (scheduler.Scheduler, "_absorb", "D.absorb"),
+                                   (scheduler.Scheduler, "_check", "D.check"),
+                                   (scheduler.Scheduler, "next_batch", "D.next_batch"),
+                                   (scheduler.Scheduler, "_assemble", "D.assemble"),
+                                   (scheduler.Scheduler, "_close_flight", "D.close_flight")):
+            _around(owner, name, label)
+
+        def recv(sock, flags=transport._NOBLOCK):  # link's recv, with the decode stamped apart
+            frames = transport.recv_frames(sock, flags)
+            _log("D.decode>")
+            try:
+                return transport.decode(frames)
+            finally:
+                _log("D.decode<")
+
+        link.recv = recv
     if "frontend" in sys.orig_argv:
         import quiver.frontend.http as http
         import quiver.frontend.routes_embed as routes_embed
         _on_entry(http, "parse_body", "F.parse")
         _on_entry(routes_embed, "openai_embeddings_body", "F.encode")
+        if os.environ.get("HOPTRACE_DETAIL"):
+            import quiver.frontend.broker_client as broker_client
+            import quiver.frontend.connections as connections
+            import quiver.frontend.pipeline as pipeline
+            import quiver.frontend.service as service
+            import quiver.frontend.tokenization as tokenization
+            import starlette.responses as responses
+            for owner, name, label in ((http.RouteApp, "__call__", "E.app"),
+                                       (service.Service, "embed", "E.embed"),
+                                       (tokenization.TextTokenizer, "check_ids", "E.check_ids"),
+                                       (pipeline.Pipeline, "_chunks", "E.chunks"),
+                                       (broker_client.BrokerClient, "_send", "E.send"),
+                                       (broker_client.BrokerClient, "_receive", "E.receive"),
+                                       (broker_client.BrokerClient, "_on_message", "E.on_message"),
+                                       (service.Service, "_observe", "E.observe"),
+                                       (responses.Response, "__init__", "E.response"),
+                                       (responses.Response, "__call__", "E.respond"),
+                                       (connections.HeadHoldingTransport, "write", "E.write"),
+                                       (connections.HeadHoldingTransport, "flush", "E.flush"),
+                                       (connections.GuardedHttpToolsProtocol, "on_response_complete", "E.complete")):
+                _around(owner, name, label)
+            for name in ("parse_json", "parse", "json_response"):
+                _around_function(http, name, f"E.{name}")
+            routes_embed.json_response = http.json_response
 '''
 
 # (process role, event) -> segment boundary, in the order a request meets them.
@@ -105,22 +211,28 @@ def _roles(events: list[tuple[int, str, str, str]]) -> dict[str, str]:
     return roles
 
 
-def timelines(trace_dir: Path, requests: list[tuple[int, int, int]]) -> dict[int, np.ndarray]:
-    """Per length, an array [requests, len(ORDER)] of event times (ns); requests whose events are not all
-    found (a heartbeat in the way, say) are left out."""
+def _events(trace_dir: Path) -> list[tuple[int, str, str, str]]:
+    """Every logged event, (ns, pid, thread, what), in time order."""
     events = []
     for path in trace_dir.glob("*.log"):
         for line in path.read_text().splitlines():
             ns, pid, thread, what = line.split()
             events.append((int(ns), pid, thread, what))
     events.sort()
+    return events
+
+
+def timelines(trace_dir: Path, requests: list[tuple[int, int, int, int]]) -> dict[int, np.ndarray]:
+    """Per length, an array [requests, len(ORDER)] of event times (ns); requests whose events are not all
+    found (a heartbeat in the way, say) are left out."""
+    events = _events(trace_dir)
     roles = _roles(events)
     # A worker whose broker socket has a thread of its own (worker/link.py) sends a result twice: the
     # scheduler's push into the outbox, then that thread's send to the broker; only the second counts.
     threaded = {pid for _, pid, thread, _ in events if thread == "broker-link"}
     times = np.array([event[0] for event in events], dtype=np.int64)
     out: dict[int, list[list[int]]] = collections.defaultdict(list)
-    for started, ended, length in requests:
+    for started, ended, length, _ in requests:
         got = {"C.start": started, "C.end": ended}
         for ns, pid, thread, what in events[np.searchsorted(times, started):np.searchsorted(times, ended, "right")]:
             if pid in threaded and what == "send3" and thread != "broker-link":
@@ -131,6 +243,33 @@ def timelines(trace_dir: Path, requests: list[tuple[int, int, int]]) -> dict[int
         if len(got) == len(ORDER):
             out[length].append([got[name] for name in ORDER])
     return {length: np.array(rows[WARMUP:], dtype=np.int64) for length, rows in out.items()}
+
+
+def detail(trace_dir: Path, requests: list[tuple[int, int, int, int]]) -> dict[int, list[dict[str, Any]]]:
+    """With --detail: per length, every stamp of the frontend (F) and the worker (W), as its offset from the
+    client's start of the request, p50 / p90 µs over the requests (a stamp's second and third time in a
+    request show as "#2", "#3"; a row's count of requests says how often it was met). Read the differences
+    between neighbouring rows."""
+    events = _events(trace_dir)
+    roles = _roles(events)
+    times = np.array([event[0] for event in events], dtype=np.int64)
+    offsets: dict[int, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    for started, ended, length, headers_read in requests[WARMUP:]:
+        seen: collections.Counter[str] = collections.Counter()
+        offsets[length]["C headers read"].append((headers_read - started) / 1e3)
+        offsets[length]["C end"].append((ended - started) / 1e3)
+        for ns, pid, _, what in events[np.searchsorted(times, started):np.searchsorted(times, ended, "right")]:
+            role = roles.get(pid)
+            if role not in ("F", "W"):
+                continue
+            stamp = f"{role} {what}"
+            seen[stamp] += 1
+            if seen[stamp] <= 3:
+                offsets[length][stamp if seen[stamp] == 1 else f"{stamp} #{seen[stamp]}"].append((ns - started) / 1e3)
+    return {length: sorted(({"stamp": what, "p50_us": round(float(np.percentile(got, 50)), 1),
+                             "p90_us": round(float(np.percentile(got, 90)), 1), "requests": len(got)}
+                            for what, got in by_stamp.items()), key=lambda row: row["p50_us"])
+            for length, by_stamp in offsets.items()}
 
 
 def segments(rows: np.ndarray) -> list[dict[str, Any]]:
@@ -145,7 +284,7 @@ def segments(rows: np.ndarray) -> list[dict[str, Any]]:
     return table
 
 
-def _send_requests(port: int, lengths: list[int], count: int, vocab: int) -> list[tuple[int, int, int]]:
+def _send_requests(port: int, lengths: list[int], count: int, vocab: int) -> list[tuple[int, int, int, int]]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     rng = np.random.default_rng(0)
     done = []
@@ -156,14 +295,16 @@ def _send_requests(port: int, lengths: list[int], count: int, vocab: int) -> lis
             started = time.monotonic_ns()
             connection.request("POST", "/v1/embeddings", body=body, headers={"Content-Type": "application/json"})
             response = connection.getresponse()
+            headers_read = time.monotonic_ns()
             response.read()
             if response.status != 200:
                 raise RuntimeError(f"/v1/embeddings answered {response.status} for {length} tokens")
-            done.append((started, time.monotonic_ns(), length))
+            done.append((started, time.monotonic_ns(), length, headers_read))
     return done
 
 
-def run(args: argparse.Namespace) -> dict[int, list[dict[str, Any]]]:
+def run(args: argparse.Namespace) -> tuple[dict[int, list[dict[str, Any]]], dict[int, list[dict[str, Any]]]]:
+    """The segments per length, and with --detail the worker's stamps per length (else empty)."""
     from quiver.common.model_info import default_model_dir, load_model_info
 
     info = load_model_info(args.model or default_model_dir())
@@ -173,7 +314,7 @@ def run(args: argparse.Namespace) -> dict[int, list[dict[str, Any]]]:
         site.mkdir()
         trace.mkdir()
         (site / "sitecustomize.py").write_text(TRACER)
-        env = dict(os.environ, HOPTRACE=str(trace),
+        env = dict(os.environ, HOPTRACE=str(trace), HOPTRACE_DETAIL="1" if args.detail else "",
                    PYTHONPATH=os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
         port = free_port()
         command = [sys.executable, "-m", "quiver", "serve", "--port", str(port), "--device", args.device,
@@ -185,7 +326,8 @@ def run(args: argparse.Namespace) -> dict[int, list[dict[str, Any]]]:
         finally:
             server.terminate()
             server.wait(60)
-        return {length: segments(rows) for length, rows in timelines(trace, requests).items() if len(rows)}
+        hops = {length: segments(rows) for length, rows in timelines(trace, requests).items() if len(rows)}
+        return hops, detail(trace, requests) if args.detail else {}
 
 
 def markdown(result: dict[int, list[dict[str, Any]]]) -> str:
@@ -208,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve-args", default="", help="more `quiver serve` options")
     parser.add_argument("--startup-timeout-s", type=float, default=600.0)
     parser.add_argument("--json", default="", help="also write the segments here")
+    parser.add_argument("--detail", action="store_true",
+                        help="also stamp the worker's link and scheduler calls between a chunk's arrival and its launch")
     args = parser.parse_args(argv)
     if args.quick:
         args.device, args.model, args.lengths, args.requests = "cpu", "", [32], 20
@@ -215,13 +359,20 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    result = run(args)
+    result, stamps_by_length = run(args)
     if not result:
         print("no request's events were all found", file=sys.stderr)
         return 1
     print(markdown(result))
+    for length, stamps in sorted(stamps_by_length.items()):
+        print(f"\n{length} tokens: each stamp's offset from the client's start, p50 / p90 µs")
+        for row in stamps:
+            print(f"  {row['stamp']:<20} {row['p50_us']:>8} / {row['p90_us']:<8} ({row['requests']} requests)")
     if args.json:
-        Path(args.json).write_text(json.dumps({str(n): rows for n, rows in result.items()}, indent=1))
+        out: dict[str, Any] = {str(n): rows for n, rows in result.items()}
+        if stamps_by_length:
+            out["detail"] = {str(n): rows for n, rows in stamps_by_length.items()}
+        Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
 
 

@@ -29,3 +29,16 @@ def test_hop_trace_quick_lines_up_every_segment_of_a_request(tmp_path: Path, lin
     total = rows[-1]["p50_us"]
     assert max(row["p50_us"] for row in rows[:-1]) < total  # each segment is a part of the whole request
     assert "| W.launch → W.done |" in done.stdout
+
+
+def test_hop_trace_detail_stamps_each_call_in_the_order_a_request_meets_them(tmp_path: Path) -> None:
+    out = tmp_path / "hops.json"
+    done = subprocess.run([sys.executable, "-m", "quiver.bench.hop_trace", "--quick", "--detail", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ, QUIVER_LINK_THREAD="off"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    offsets = {row["stamp"]: row["p50_us"] for row in json.loads(out.read_text())["detail"]["32"]}
+    # Stamps met once per request (a heartbeat may also send, receive or decode between them).
+    path = ["F E.app>", "F F.parse", "F E.parse>", "F E.parse<", "F E.check_ids>", "F E.chunks>", "W W.accept",
+            "W W.launch", "W D.step>", "W D.pack_batch>", "W D.step<", "W W.done", "W W.answer", "F F.encode",
+            "F E.respond>", "C headers read", "C end"]
+    assert [offsets[stamp] for stamp in path] == sorted(offsets[stamp] for stamp in path), offsets
