@@ -42,41 +42,62 @@ class StepTensors:
 def pack_batch(batch: Batch, shape: StepShape, out: np.ndarray, use_token_types: bool = True) -> int:
     """Write the batch, padded to shape, into out (int32); return the number of int32s written.
 
+    Padding: one row (index num_seqs) takes the tokens past the batch's, at position 0 with id 0; rows
+    after it are empty (they begin and end at num_tokens, their first and last index the last token).
     use_token_types=False writes zeros as token types (RoBERTa-family models take none).
+
+    It runs on every step's path, before the device can start: each numpy call costs microseconds
+    there, so the fields are written with as few calls as the layout allows (slices of one arange, no
+    temporaries the size of the shape).
     """
     n, t = batch.num_seqs, batch.num_tokens
     rows, tokens = shape.num_seqs, shape.num_tokens
-    lens = np.zeros(rows, dtype=np.int64)
-    lens[:n] = batch.seq_lens
-    if tokens > t:
-        lens[n] = tokens - t
-    cu = np.full(rows + 1, tokens, dtype=np.int64)  # the padding row ends at `tokens`, empty rows after it too
-    cu[: n + 1] = batch.offsets
-
+    offsets = batch.offsets  # cached [n + 1]
     size = packed_size(rows, tokens)
     buf = out[:size]
-    ids, pos, types, seq_ids = (buf[i * tokens : (i + 1) * tokens] for i in range(4))
-    ids[:t] = batch.input_ids
-    ids[t:] = 0
-    seq_ids[:] = np.repeat(np.arange(rows, dtype=np.int32), lens)
-    pos[:] = np.arange(tokens, dtype=np.int64) - cu[:-1][seq_ids]
-    pos[t:] = 0  # padding tokens all sit at position 0: no row may reach past the model's position table
+    buf[:t] = batch.input_ids
+    buf[t:tokens] = 0  # the padding tokens' ids
+    np.subtract(_arange(t), np.repeat(offsets[:-1], batch.seq_lens), out=buf[tokens:tokens + t])
+    buf[tokens + t:2 * tokens] = 0  # and their positions
+    types = buf[2 * tokens:3 * tokens]
     if batch.token_type_ids is None or not use_token_types:
         types[:] = 0
     else:
         types[:t] = batch.token_type_ids
         types[t:] = 0
-    o = 4 * tokens
-    buf[o : o + rows + 1] = cu
-    o += rows + 1
-    first, last, seq_lens, normalize = (buf[o + i * rows : o + (i + 1) * rows] for i in range(4))
-    first[:] = np.minimum(cu[:-1], tokens - 1)
-    last[:] = np.clip(cu[1:] - 1, 0, tokens - 1)
-    seq_lens[:] = lens
+    seq_ids = buf[3 * tokens:4 * tokens]
+    seq_ids[:t] = np.repeat(_arange(n), batch.seq_lens)
+    seq_ids[t:] = n
+    cu = buf[4 * tokens:4 * tokens + rows + 1]
+    cu[:n + 1] = offsets
+    cu[n + 1:] = tokens
+    o = 4 * tokens + rows + 1
+    first, last, seq_lens, normalize = (buf[o + i * rows:o + (i + 1) * rows] for i in range(4))
+    first[:n] = offsets[:-1]
+    first[n:] = tokens - 1
+    last[:n] = offsets[1:]
+    last[:n] -= 1
+    last[n:] = tokens - 1
+    seq_lens[:n] = batch.seq_lens
+    seq_lens[n:] = 0
+    if tokens > t:
+        first[n] = t
+        seq_lens[n] = tokens - t
     normalize[:] = 0
     if batch.normalize is not None:
-        normalize[:n] = np.asarray(batch.normalize, dtype=bool)
+        normalize[:n] = batch.normalize
     return size
+
+
+_ARANGE = np.arange(0, dtype=np.int32)
+
+
+def _arange(count: int) -> np.ndarray:
+    """0, 1, ..., count - 1 as int32: a slice of one array, grown when a longer one is asked for."""
+    global _ARANGE
+    if count > _ARANGE.shape[0]:
+        _ARANGE = np.arange(max(count, 2 * _ARANGE.shape[0]), dtype=np.int32)
+    return _ARANGE[:count]
 
 
 def unpack(buffer: torch.Tensor, shape: StepShape) -> StepTensors:

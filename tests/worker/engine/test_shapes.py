@@ -121,3 +121,45 @@ def test_result_slots_are_never_handed_out_twice() -> None:
     assert slots.acquire() == first
     with pytest.raises(RuntimeError):
         lazy.wait()
+
+
+def _packed_by_rows(batch: Batch, shape: StepShape, use_token_types: bool) -> dict[str, list[int]]:
+    """The packed fields written out row by row, as the layout describes them (the reference)."""
+    rows, tokens = shape.num_seqs, shape.num_tokens
+    lens = [int(n) for n in batch.seq_lens] + [tokens - batch.num_tokens] + [0] * rows
+    lens = lens[:rows]
+    ids = [int(x) for x in batch.input_ids] + [0] * (tokens - batch.num_tokens)
+    types = ([int(x) for x in batch.token_type_ids] if batch.token_type_ids is not None and use_token_types
+             else [0] * batch.num_tokens) + [0] * (tokens - batch.num_tokens)
+    positions: list[int] = []
+    seq_ids: list[int] = []
+    cu = [0]
+    for row, length in enumerate(lens):
+        real = row < batch.num_seqs
+        positions += list(range(length)) if real else [0] * length
+        seq_ids += [row] * length
+        cu.append(cu[-1] + length)
+    flags = [int(x) for x in batch.normalize] if batch.normalize is not None else [0] * batch.num_seqs
+    return {"input_ids": ids, "positions": positions, "token_type_ids": types, "seq_ids": seq_ids,
+            "cu_seqlens": cu, "seq_lens": lens, "first_index": [min(c, tokens - 1) for c in cu[:-1]],
+            "last_index": [min(max(c - 1, 0), tokens - 1) for c in cu[1:]],
+            "normalize": flags + [0] * (rows - batch.num_seqs)}
+
+
+def test_pack_batch_matches_a_row_by_row_layout_for_random_batches() -> None:
+    rng = np.random.default_rng(3)
+    limits = GraphLimits(max_tokens=512, max_rows=17, max_row_len=128)
+    for _ in range(300):
+        lens = rng.integers(1, 60, size=int(rng.integers(1, 9))).astype(np.int32)
+        total = int(lens.sum())
+        batch = Batch(input_ids=rng.integers(3, 1000, size=total).astype(np.int32), seq_lens=lens,
+                      token_type_ids=rng.integers(0, 2, size=total).astype(np.int32) if rng.random() < 0.5 else None,
+                      normalize=rng.random(lens.size) < 0.5 if rng.random() < 0.7 else None)
+        shape = plan_shape(lens, limits)
+        buffer = np.full(packed_size(shape.num_seqs, shape.num_tokens) + 2, -9, dtype=np.int32)
+        for use_token_types in (True, False):
+            written = pack_batch(batch, shape, buffer, use_token_types)
+            assert written == packed_size(shape.num_seqs, shape.num_tokens) and (buffer[written:] == -9).all()
+            step = unpack(torch.from_numpy(buffer), shape)
+            for name, expected in _packed_by_rows(batch, shape, use_token_types).items():
+                assert getattr(step, name).tolist() == expected, (name, lens.tolist(), shape)
