@@ -162,6 +162,7 @@ class InlineLink:
         self.spin_s = settings.busy_poll_us / 1e6
         self.watchdog_s = settings.watchdog_s
         self.last_message = 0.0
+        self.just_read = False  # the last service read the socket dry; nothing came since, as far as we know
 
     def send(self, message: Message) -> None:
         self.connection.send(message)
@@ -180,13 +181,19 @@ class InlineLink:
                 self.spin_core.release()
                 connection.sock.poll(min(math.ceil(wait_s * 1000), connection.poll_ms()))
         now = time.monotonic()
-        if connection.read():
+        self.just_read = connection.read()
+        if self.just_read:
             self.last_message = now
         connection.keep_alive(now)
 
     def get(self, block: bool = True, timeout: float | None = None) -> Chunk | Cancel:
         if not self.pending:
             if not block:
+                if self.just_read:
+                    # The scheduler drains the inbox right after a read that emptied the socket: polling it
+                    # again at once would find nothing (the next turn of the scheduler's loop polls).
+                    self.just_read = False
+                    raise queue.Empty
                 self._service(0.0)
             else:
                 self._service(IDLE_POLL_MS / 1000 if timeout is None else timeout)
