@@ -8,6 +8,7 @@ pinned output slot. On the CPU it computes the result at once.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,11 +99,16 @@ class Engine:
             self.stream = torch.cuda.Stream(device)
             capacity = packed_size(max_batch_seqs + 1, max_batch_tokens)
             self._staging = [torch.empty(capacity, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+            self._staging_arrays = [staging.numpy() for staging in self._staging]
             self._staging_events = [torch.cuda.Event() for _ in range(2)]
             self._next_staging = 0
             self._device_inputs = torch.zeros(capacity, dtype=torch.int32, device=device)
+            # (staging buffer, packed size) -> (device slice, staging slice): one step's input copy
+            self._input_copies: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
             self.slots = HostSlots(NUM_HOST_SLOTS, max_batch_seqs, model.output_dim)
             self._slot_events = [torch.cuda.Event() for _ in range(NUM_HOST_SLOTS)]
+            self._host_views: dict[tuple[int, int], tuple[torch.Tensor, np.ndarray]] = {}
+            self._stream_thread: int | None = None  # the thread whose current stream step() made the engine's
             self._views: dict[StepShape, StepTensors] = {}  # device views per graph shape
 
     def set_graph_limits(self, max_tokens: int, max_seqs: int) -> None:
@@ -138,17 +144,41 @@ class Engine:
         shape = plan_shape(batch.seq_lens, self.graph_limits)
         slot = self.slots.acquire()
         try:
-            with torch.inference_mode(), torch.cuda.stream(self.stream):
-                tensors = self.upload(batch, shape)
-                out = self.runner.run(shape, lambda: self.forward_step(shape, tensors))
-                host = self.slots.buffers[slot][: batch.num_seqs]
-                host.copy_(out[: batch.num_seqs], non_blocking=True)
-                event = self._slot_events[slot]  # reused: the slot's last reader has released it
-                event.record(self.stream)
+            self._use_stream()
+            tensors = self.upload(batch, shape)
+            out = self.runner.run(shape, lambda: self._forward_eagerly(shape, tensors))
+            host, rows = self._host_rows(slot, batch.num_seqs)
+            host.copy_(out[: batch.num_seqs], non_blocking=True)
+            event = self._slot_events[slot]  # reused: the slot's last reader has released it
+            event.record(self.stream)
         except BaseException:
             self.slots.release(slot)
             raise
-        return LazyTensor(host.numpy(), event, self.slots, slot)
+        return LazyTensor(rows, event, self.slots, slot)
+
+    def _use_stream(self) -> None:
+        """Make the engine's stream the calling thread's current one, once per thread that steps (the
+        scheduler's): entering torch.cuda.stream() on every step took tens of µs of a batch-1 step's launch
+        on a GPU host (`hop_trace --detail`). What step() does with the stream current (copies, a graph's
+        replay) records nothing for autograd; an eager forward enters inference mode itself."""
+        thread = threading.get_ident()
+        if self._stream_thread != thread:
+            torch.cuda.set_stream(self.stream)
+            self._stream_thread = thread
+
+    def _forward_eagerly(self, shape: StepShape, tensors: StepTensors) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.forward_step(shape, tensors)
+
+    def _host_rows(self, slot: int, num_seqs: int) -> tuple[torch.Tensor, np.ndarray]:
+        """The first num_seqs rows of a result slot, as a tensor (the copy's target) and an array (the
+        LazyTensor's), made once per (slot, rows)."""
+        key = (slot, num_seqs)
+        views = self._host_views.get(key)
+        if views is None:
+            host = self.slots.buffers[slot][:num_seqs]
+            views = self._host_views[key] = (host, host.numpy())
+        return views
 
     def upload(self, batch: Batch, shape: StepShape) -> StepTensors:
         """Pack the batch for shape and copy it to the device (GPU only); the views the model reads.
@@ -159,9 +189,11 @@ class Engine:
         index = self._next_staging
         self._next_staging ^= 1
         self._staging_events[index].synchronize()  # the last copy out of this staging buffer is done
-        staging = self._staging[index]
-        size = pack_batch(batch, shape, staging.numpy(), self.model.uses_token_types)
-        self._device_inputs[:size].copy_(staging[:size], non_blocking=True)
+        size = pack_batch(batch, shape, self._staging_arrays[index], self.model.uses_token_types)
+        copy = self._input_copies.get((index, size))
+        if copy is None:
+            copy = self._input_copies[(index, size)] = (self._device_inputs[:size], self._staging[index][:size])
+        copy[0].copy_(copy[1], non_blocking=True)
         self._staging_events[index].record(self.stream)
         if not shape.graphable:
             return unpack(self._device_inputs, shape)
