@@ -33,6 +33,7 @@ from quiver.worker.engine.models.base import RaggedModel
 from quiver.worker.engine.pooling import normalize_rows
 
 NUM_HOST_SLOTS = 2
+_STEPPING = threading.local()  # per thread: the stream an engine's step() last made current there
 
 
 @dataclass
@@ -108,7 +109,6 @@ class Engine:
             self.slots = HostSlots(NUM_HOST_SLOTS, max_batch_seqs, model.output_dim)
             self._slot_events = [torch.cuda.Event() for _ in range(NUM_HOST_SLOTS)]
             self._host_views: dict[tuple[int, int], tuple[torch.Tensor, np.ndarray]] = {}
-            self._stream_thread: int | None = None  # the thread whose current stream step() made the engine's
             self._views: dict[StepShape, StepTensors] = {}  # device views per graph shape
 
     def set_graph_limits(self, max_tokens: int, max_seqs: int) -> None:
@@ -157,14 +157,15 @@ class Engine:
         return LazyTensor(rows, event, self.slots, slot)
 
     def _use_stream(self) -> None:
-        """Make the engine's stream the calling thread's current one, once per thread that steps (the
-        scheduler's): entering torch.cuda.stream() on every step took tens of µs of a batch-1 step's launch
-        on a GPU host (`hop_trace --detail`). What step() does with the stream current (copies, a graph's
-        replay) records nothing for autograd; an eager forward enters inference mode itself."""
-        thread = threading.get_ident()
-        if self._stream_thread != thread:
+        """Make the engine's stream the calling thread's current one, unless an engine's step already did
+        and no other engine's step has since (the scheduler's thread steps one engine): entering
+        torch.cuda.stream() on every step took ~50 µs of a batch-1 step's launch on a GPU host
+        (`hop_trace --detail`, bench/RESULTS.md). The engine's own `with torch.cuda.stream(...)` blocks
+        restore the stream they found, so the record stays true. What step() does with the stream current
+        (copies, a graph's replay) records nothing for autograd; an eager forward enters inference mode."""
+        if getattr(_STEPPING, "stream", None) is not self.stream:
             torch.cuda.set_stream(self.stream)
-            self._stream_thread = thread
+            _STEPPING.stream = self.stream
 
     def _forward_eagerly(self, shape: StepShape, tensors: StepTensors) -> torch.Tensor:
         with torch.inference_mode():

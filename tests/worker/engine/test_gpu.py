@@ -323,3 +323,23 @@ def test_the_scheduler_queues_closed_steps_and_every_row_stays_on_its_sequence(t
           f"lowest cosine {worst:.5f}; {engine.stats()}")
     assert worst > 0.999
     assert queued > 0 and engine.stats()["eager_steps"] > 0
+
+
+def test_two_engines_stepped_in_turn_from_one_thread_each_give_their_own_rows(tmp_path: Path) -> None:
+    """step() makes its engine's stream current only when another engine's step changed it: two engines
+    stepped alternately from one thread must each run, and be waited for, on their own stream."""
+    engines = []
+    for name in ("qwen3_causal_last", "bert_cls"):
+        family = next(f for f in FAMILIES if f.name == name)
+        path, _ = write_family(family, tmp_path / name)
+        engines.append(load_engine(path, device="cuda", max_batch_tokens=1024, max_batch_seqs=16))
+    rng = np.random.default_rng(8)
+    batches = [_batch([rng.integers(4, 90, size=int(n), dtype=np.int32) for n in rng.integers(1, 100, size=5)])
+               for _ in range(6)]
+    expected = [[engine.run_eager(batch, bucketed=True) for batch in batches] for engine in engines]
+    for _ in range(20):
+        picks = rng.integers(0, len(batches), size=4).tolist()  # two steps in flight per engine, interleaved
+        in_flight = [(k % 2, b, engines[k % 2].step(batches[b])) for k, b in enumerate(picks)]
+        for i, b, lazy in in_flight:
+            np.testing.assert_allclose(lazy.wait(), expected[i][b], rtol=1e-3, atol=1e-3)
+            lazy.release()
