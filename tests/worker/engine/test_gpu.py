@@ -327,7 +327,11 @@ def test_the_scheduler_queues_closed_steps_and_every_row_stays_on_its_sequence(t
 
 def test_two_engines_stepped_in_turn_from_one_thread_each_give_their_own_rows(tmp_path: Path) -> None:
     """step() makes its engine's stream current only when another engine's step changed it: two engines
-    stepped alternately from one thread must each run, and be waited for, on their own stream."""
+    stepped alternately from one thread must each run, and be waited for, on their own stream. The first
+    engine's stream is held busy (a GPU sleep) before the second steps: a step of the second that ran on the
+    first's stream would still be queued when its own event said done, and its rows would be stale."""
+    import torch
+
     engines = []
     for name in ("qwen3_causal_last", "bert_cls"):
         family = next(f for f in FAMILIES if f.name == name)
@@ -337,9 +341,13 @@ def test_two_engines_stepped_in_turn_from_one_thread_each_give_their_own_rows(tm
     batches = [_batch([rng.integers(4, 90, size=int(n), dtype=np.int32) for n in rng.integers(1, 100, size=5)])
                for _ in range(6)]
     expected = [[engine.run_eager(batch, bucketed=True) for batch in batches] for engine in engines]
-    for _ in range(20):
-        picks = rng.integers(0, len(batches), size=4).tolist()  # two steps in flight per engine, interleaved
-        in_flight = [(k % 2, b, engines[k % 2].step(batches[b])) for k, b in enumerate(picks)]
-        for i, b, lazy in in_flight:
-            np.testing.assert_allclose(lazy.wait(), expected[i][b], rtol=1e-3, atol=1e-3)
-            lazy.release()
+    for _ in range(10):
+        first, second = rng.integers(0, len(batches), size=2).tolist()
+        held = engines[0].step(batches[first])
+        with torch.cuda.stream(engines[0].stream):
+            torch.cuda._sleep(20_000_000)  # ~10 ms of the first engine's stream
+        lazy = engines[1].step(batches[second])
+        np.testing.assert_allclose(lazy.wait(), expected[1][second], rtol=1e-3, atol=1e-3)
+        lazy.release()
+        np.testing.assert_allclose(held.wait(), expected[0][first], rtol=1e-3, atol=1e-3)
+        held.release()
