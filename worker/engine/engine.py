@@ -104,7 +104,7 @@ class Engine:
             self._staging_events = [torch.cuda.Event() for _ in range(2)]
             self._next_staging = 0
             self._device_inputs = torch.zeros(capacity, dtype=torch.int32, device=device)
-            # (staging buffer, packed size) -> (device slice, staging slice): one step's input copy
+            # (staging buffer, a graph shape's packed size) -> (device slice, staging slice): a step's input copy
             self._input_copies: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
             self.slots = HostSlots(NUM_HOST_SLOTS, max_batch_seqs, model.output_dim)
             self._slot_events = [torch.cuda.Event() for _ in range(NUM_HOST_SLOTS)]
@@ -193,7 +193,9 @@ class Engine:
         size = pack_batch(batch, shape, self._staging_arrays[index], self.model.uses_token_types)
         copy = self._input_copies.get((index, size))
         if copy is None:
-            copy = self._input_copies[(index, size)] = (self._device_inputs[:size], self._staging[index][:size])
+            copy = (self._device_inputs[:size], self._staging[index][:size])
+            if shape.graphable:  # a bounded set of sizes; an eager step's exact size may never come again
+                self._input_copies[(index, size)] = copy
         copy[0].copy_(copy[1], non_blocking=True)
         self._staging_events[index].record(self.stream)
         if not shape.graphable:
