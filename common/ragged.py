@@ -109,8 +109,15 @@ class RaggedIds:
 
     @classmethod
     def gather(cls: type[RaggedT], picks: Sequence[tuple[RaggedIds, int]], **fields: object) -> RaggedT:
-        """One row from each (source, row) pair, in that order, as new int32 ragged ids (a copy). Rows of
-        a source without token types get zeros when another source has them. `fields` go to cls."""
+        """One row from each (source, row) pair, in that order, as new int32 ragged ids: a copy, unless the
+        pairs are every row of one int32 source in order (a lone request's chunk), whose arrays and offsets
+        are then taken as they are. Rows of a source without token types get zeros when another source has
+        them. `fields` go to cls."""
+        source = picks[0][0] if picks else None
+        if (source is not None and len(picks) == source.num_seqs and _int32(source)
+                and all(picked is source and row == i for i, (picked, row) in enumerate(picks))):
+            return _with_offsets(cls(source.input_ids, source.seq_lens, source.token_type_ids, **fields),
+                                 source.offsets)
         lens = np.fromiter((int(source.seq_lens[row]) for source, row in picks), dtype=np.int32, count=len(picks))
         ids = np.concatenate([source.row(row) for source, row in picks]).astype(np.int32, copy=False)
         types = None
@@ -197,7 +204,12 @@ def check_shape(ragged: RaggedIds) -> None:
         raise RaggedError(SHAPE, f"seq_lens sum to {int(ragged.offsets[-1])} but input_ids has {ragged.num_tokens}")
 
 
-def _with_offsets(ragged: RaggedIds, offsets: np.ndarray) -> RaggedIds:
+def _int32(ragged: RaggedIds) -> bool:
+    return all(array is None or array.dtype == np.int32
+               for array in (ragged.input_ids, ragged.seq_lens, ragged.token_type_ids))
+
+
+def _with_offsets(ragged: RaggedT, offsets: np.ndarray) -> RaggedT:
     """Seed the offsets cache of freshly made ragged ids with offsets already known."""
     ragged.__dict__["offsets"] = offsets
     return ragged

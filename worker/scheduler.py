@@ -228,20 +228,9 @@ class Scheduler:
 
     @staticmethod
     def _assemble(refs: list[SequenceRef]) -> Batch:
-        job = refs[0].job
-        token_rows, lexical_only = bool(job.row_kind), job.row_kind == TASK_LEXICAL
-        chunk = job.chunk
-        if len(refs) == chunk.num_seqs and refs[0].row == 0 and all(ref.job is job for ref in refs):
-            # The step is one whole chunk (a lone request's, say): its received arrays as they are, no copy.
-            ids = chunk.ids
-            batch = Batch(ids.input_ids, ids.seq_lens, ids.token_type_ids,
-                          normalize=np.full(chunk.num_seqs, chunk.normalize), token_rows=token_rows,
-                          lexical_only=lexical_only)
-            batch.__dict__["offsets"] = ids.offsets
-            return batch
         return Batch.gather([(ref.job.chunk.ids, ref.row) for ref in refs],
                             normalize=np.fromiter((ref.job.chunk.normalize for ref in refs), dtype=bool, count=len(refs)),
-                            token_rows=token_rows, lexical_only=lexical_only)
+                            token_rows=bool(refs[0].job.row_kind), lexical_only=refs[0].job.row_kind == TASK_LEXICAL)
 
     # results -----------------------------------------------------------------------------------
     def launch(self, batch: Batch, refs: list[SequenceRef]) -> InFlightBatch:

@@ -47,6 +47,19 @@ def test_gather_takes_rows_from_several_sources_and_fills_missing_token_types():
     assert RaggedIds.gather([(without, 0), (without, 1)]).token_type_ids is None
 
 
+def test_gather_of_every_row_of_one_int32_source_in_order_takes_its_arrays_without_a_copy():
+    source = RaggedIds.from_lists([[1, 2], [3, 4, 5]], [[0, 1], [1, 1, 0]])
+    whole = RaggedIds.gather([(source, 0), (source, 1)])
+    assert whole.input_ids is source.input_ids and whole.token_type_ids is source.token_type_ids
+    assert whole.offsets is source.offsets and whole.seq_lens.tolist() == [2, 3]
+    for picks in ([(source, 1), (source, 0)], [(source, 0)], [(source, 0), (RaggedIds.from_lists([[3, 4, 5]]), 0)]):
+        copied = RaggedIds.gather(picks)
+        assert not np.shares_memory(copied.input_ids, source.input_ids)
+    wide = RaggedIds.from_lists([[1, 2], [3]], dtype=np.int64)
+    narrowed = RaggedIds.gather([(wide, 0), (wide, 1)])
+    assert narrowed.input_ids.dtype == np.int32 and narrowed.input_ids.tolist() == [1, 2, 3]
+
+
 def test_truncated_keeps_the_side_the_direction_does_not_cut():
     ragged = RaggedIds.from_lists(ROWS, [[0, 0, 1], [1], [0, 1], [0, 0, 1, 1]])
     right = ragged.truncated(2, "right")

@@ -199,3 +199,34 @@ def test_a_broker_that_speaks_during_the_back_off_keeps_the_socket(ctx):
         pump(link, 0.01)
     assert link.connection.reconnect_at is None and link.connection.sock is socket
     link.close()
+
+
+def test_the_inline_link_drains_a_read_without_polling_again_and_polls_on_the_next_call(ctx):
+    """After a read that emptied the socket, the scheduler's drain ends without reading the socket again (a
+    poll that would find nothing, on every request's path); the call after that polls as before."""
+    broker = StandInBroker(ctx)
+    link = InlineLink(ctx, WorkerSettings(broker=broker.endpoint, heartbeat_interval_s=INTERVAL), ready())
+    try:
+        identity, _ = broker.recv(link, want=Ready)
+        reads = []
+        read = link.connection.read
+        link.connection.read = lambda: reads.append(1) or read()  # type: ignore[method-assign]
+        broker.send(identity, chunk("c1"))
+        broker.send(identity, chunk("c2"))
+        time.sleep(0.05)  # both are in the socket before the read
+        assert isinstance(link.get(timeout=1.0), Chunk) and len(reads) == 1
+        assert isinstance(link.get_nowait(), Chunk)  # the second, from the same read
+        with pytest.raises(queue.Empty):
+            link.get_nowait()
+        assert len(reads) == 1
+        broker.send(identity, chunk("c3"))
+        end = time.monotonic() + 3
+        got = None
+        while got is None and time.monotonic() < end:
+            try:
+                got = link.get_nowait()
+            except queue.Empty:
+                time.sleep(0.005)
+        assert isinstance(got, Chunk) and got.chunk_id == "c3" and len(reads) >= 2
+    finally:
+        link.close()
