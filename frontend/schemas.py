@@ -6,8 +6,10 @@ their models here exist so that /openapi.json describes them.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import struct
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Callable, Literal, Union
 
 import numpy as np
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidatorFunctionWrapHandler
@@ -26,28 +28,82 @@ class TokenIdList(list):
         self.ids = ids
 
 
-def _token_ids_at_once(value: Any, validate: ValidatorFunctionWrapHandler) -> Any:
-    """A flat list of ints is taken as it is, as the union would take it: the union tries list[StrictStr]
-    first, which fails on every id (tens of µs for a hundred ids). Anything else is validated by the union
-    itself, so its errors are the union's.
+class TokenIdLists(list):
+    """Lists of token ids (one per input, none empty) that also hold them as one flat int32 array, `ids`,
+    and each list's length, `lens`, made by the one pass that checked them. This is how the OpenAI
+    client and the frameworks built on it send pre-tokenized inputs. Never changed after validation."""
 
-    The ids are checked and converted in one pass: struct.pack refuses anything but ints (and objects with
-    __index__) and ints beyond int32, but takes bools as 0 and 1, so only the elements that came out 0 or
-    1 are looked at again. Ids that int32 holds (any vocabulary's) come back as a TokenIdList. That is exact
-    for what JSON decodes to; other int-like objects (numpy integers, int subclasses) would pass as their
-    value. (struct.pack over the unpacked list takes a third of the time of array('i'), np.fromiter or
-    np.array on it.)"""
+    __slots__ = ("ids", "lens")
+
+    def __init__(self, values: list[list[int]], ids: np.ndarray, lens: list[int]) -> None:
+        super().__init__(values)
+        self.ids = ids
+        self.lens = lens
+
+
+def _packed_int32(values: Any, count: int) -> np.ndarray | None:
+    """`values` (an iterable of `count` items) as a read-only int32 array when every item is a JSON
+    integer within int32; None when one is not (a bool, a float, a string, ..., or a larger integer).
+
+    struct.pack refuses anything but ints (and objects with __index__) and ints beyond int32, but takes
+    bools as 0 and 1, so only what came out 0 or 1 is looked at again (`item_at` finds it by flat
+    position). That is exact for what JSON decodes to; other int-like objects (numpy integers, int
+    subclasses) would pass as their value. (struct.pack over the unpacked items takes a third of the time
+    of array('i'), np.fromiter or np.array over the same list.)"""
+    try:
+        packed = struct.pack(f"<{count}i", *values)
+    except struct.error:
+        return None
+    return np.frombuffer(packed, dtype=np.int32)  # over the packed bytes: no copy
+
+
+def _no_bools(ids: np.ndarray, item_at: Callable[[int], Any]) -> bool:
+    """Whether none of the items that packed as 0 or 1 was a bool (a negative id, seen as unsigned, is
+    above 1)."""
+    unsigned = ids.view(np.uint32)
+    return int(unsigned.min()) > 1 or all(type(item_at(i)) is int for i in np.flatnonzero(unsigned <= 1).tolist())
+
+
+def _token_ids_at_once(value: Any, validate: ValidatorFunctionWrapHandler) -> Any:
+    """A flat list of ints, or a list of such lists, is taken as it is, as the union would take it: the
+    union tries list[StrictStr] first, which fails on every id (tens of µs for a hundred ids), and
+    list[list[StrictInt]] last. Ids are checked and converted in one pass (_packed_int32); ids that int32
+    holds (any vocabulary's) come back as a TokenIdList or TokenIdLists carrying the array. Anything else
+    is validated by the union itself, so its errors are the union's."""
     if type(value) is not list or not value:
         return validate(value)
-    try:
-        packed = struct.pack(f"<{len(value)}i", *value)
-    except struct.error:  # not all ints, or ints beyond int32 (out of any vocabulary: check_ids says which)
+    if type(value[0]) is list:
+        return _token_id_lists(value, validate)
+    ids = _packed_int32(value, len(value))
+    if ids is None:  # not all ints, or ints beyond int32 (out of any vocabulary: check_ids says which)
         return value if set(map(type, value)) == {int} else validate(value)
-    ids = np.frombuffer(packed, dtype=np.int32)  # read-only, over the packed bytes: no copy
-    unsigned = ids.view(np.uint32)  # a negative id is not a bool: seen as unsigned it is above 1
-    if int(unsigned.min()) <= 1 and not all(type(value[i]) is int for i in np.flatnonzero(unsigned <= 1).tolist()):
+    if not _no_bools(ids, value.__getitem__):
         return validate(value)
     return TokenIdList(value, ids)
+
+
+def _token_id_lists(value: list[Any], validate: ValidatorFunctionWrapHandler) -> Any:
+    """Lists of token ids as a TokenIdLists; anything else (an empty list among them, an item that is
+    not a list or not an int32 int) through the union."""
+    lens = list(map(len, value)) if all(type(row) is list for row in value) else []
+    if not lens or min(lens) == 0:
+        return validate(value)
+    one_row = len(value) == 1
+    ids = _packed_int32(value[0] if one_row else itertools.chain.from_iterable(value), sum(lens))
+    if ids is None:
+        return validate(value)
+    if one_row:
+        item_at = value[0].__getitem__
+    else:
+        starts = list(itertools.accumulate(lens, initial=0))
+
+        def item_at(position: int) -> Any:
+            row = bisect.bisect_right(starts, position) - 1
+            return value[row][position - starts[row]]
+
+    if not _no_bools(ids, item_at):
+        return validate(value)
+    return TokenIdLists(value, ids, lens)
 
 
 TokenIds = list[StrictInt]

@@ -34,7 +34,7 @@ from quiver.common.model_info import ModelInfo
 from quiver.common.ragged import EMPTY_ROW, OUT_OF_VOCABULARY, TOO_LONG, RaggedError, RaggedIds, RaggedLimits
 from quiver.frontend.errors import APIError
 from quiver.frontend.keep_awake import CountedPool
-from quiver.frontend.schemas import TokenIdList
+from quiver.frontend.schemas import TokenIdList, TokenIdLists
 from quiver.frontend.tracing import record_tokenization
 
 # Above this many characters in one call, tokenization always leaves the event loop for the pool; under
@@ -44,6 +44,9 @@ ON_LOOP_CHARS = 512
 BACKGROUND_POOL_THREADS = 2
 # Up to this many ids a request's rows are checked by small_ragged (see there); past it by RaggedIds.validate.
 SMALL_IDS = 2048
+# Token ids converted to an array while the request was validated (schemas.TokenIdList, TokenIdLists) are
+# checked by one reduction over the array: up to this many (1 MiB of int32) it costs about the pool's hand-off.
+CONVERTED_IDS_ON_LOOP = 262_144
 
 # Who the event loop serves when tokenization work comes: a lone online request, online requests beside
 # others, or background work.
@@ -92,6 +95,16 @@ def small_ragged(rows: Sequence[Sequence[int]], types: Sequence[Sequence[int]] |
     if limits.vocab_size is not None and int(ids.view(np.uint64).max()) >= limits.vocab_size:
         return None
     return RaggedIds(ids.astype(np.int32), np.array(lens, dtype=np.int32), token_types)
+
+
+def _converted(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, list[int]] | None:
+    """The int32 ids and lengths of token-id inputs converted while the request was validated (a
+    TokenIdLists, or one TokenIdList); None for any other inputs."""
+    if isinstance(seqs, TokenIdLists):
+        return seqs.ids, seqs.lens
+    if len(seqs) == 1 and isinstance(seqs[0], TokenIdList):
+        return seqs[0].ids, [seqs[0].ids.size]
+    return None
 
 
 def _cut(ids: list[int], limit: int, direction: str) -> list[int]:
@@ -212,16 +225,22 @@ class TextTokenizer:
         )
 
     async def ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> RaggedIds:
-        """check_ids, on the pool when the request holds many ids."""
-        return await self.off_loop(sum(len(seq) for seq in seqs),
-                                    lambda: self.check_ids(seqs, truncate, direction, param), by_size_only=True)
+        """check_ids, on the pool when the request holds many ids. Ids converted while the request was
+        validated need numpy's passes only, so they stay on the loop up to CONVERTED_IDS_ON_LOOP."""
+        converted = _converted(seqs)
+        if converted is not None and converted[0].size <= CONVERTED_IDS_ON_LOOP:
+            size = 0
+        else:
+            size = sum(len(seq) for seq in seqs)
+        return await self.off_loop(size, lambda: self.check_ids(seqs, truncate, direction, param), by_size_only=True)
 
     def check_ids(self, seqs: list[list[int]], truncate: bool, direction: str, param: str = "input") -> RaggedIds:
         """Token-id inputs, taken as they are (no special tokens added), checked whole, then truncated."""
         vocab = self.info.vocab_size
         limits = self.vocabulary_limits if truncate else self.limits
-        if len(seqs) == 1 and isinstance(seqs[0], TokenIdList):
-            return self._checked_row(seqs[0].ids, truncate, direction, param, limits)
+        converted = _converted(seqs)
+        if converted is not None:
+            return self._checked_converted(*converted, truncate, direction, param, limits)
         small = small_ragged(seqs, None, limits)
         if small is not None:
             if truncate and any(len(seq) > self.max_length for seq in seqs):
@@ -237,15 +256,15 @@ class TextTokenizer:
             ids = ids.truncated(self.max_length, _normalise_direction(direction))
         return ids.with_dtype(np.int32)
 
-    def _checked_row(self, ids: np.ndarray, truncate: bool, direction: str, param: str,
-                     limits: RaggedLimits) -> RaggedIds:
-        """One input's int32 ids, converted while the request was validated (schemas.TokenIdList), as
-        check_ids takes them: one reduction on the good path (as small_ragged's), RaggedIds.validate's
-        error on any other. The ids are not copied unless truncated."""
-        seqs = RaggedIds(ids, np.array([ids.size], dtype=np.int32))
+    def _checked_converted(self, ids: np.ndarray, lens: list[int], truncate: bool, direction: str, param: str,
+                           limits: RaggedLimits) -> RaggedIds:
+        """Inputs' int32 ids and lengths, converted while the request was validated (schemas.TokenIdList and
+        TokenIdLists), as check_ids takes them: one reduction on the good path (as small_ragged's),
+        RaggedIds.validate's error on any other. The ids are not copied unless truncated."""
+        seqs = RaggedIds(ids, np.array(lens, dtype=np.int32))
+        fits = limits.max_length is None or max(lens) <= limits.max_length
         # Seen as unsigned, a negative id is larger than any vocabulary: one reduction checks both bounds.
-        fits = limits.max_length is None or ids.size <= limits.max_length
-        if not (fits and ids.size and int(ids.view(np.uint32).max()) < self.info.vocab_size):
+        if not (fits and min(lens) >= 1 and int(ids.view(np.uint32).max()) < self.info.vocab_size):
             seqs = self._checked(seqs, param, limits, empty="is an empty list of token ids")
         if truncate:
             seqs = seqs.truncated(self.max_length, _normalise_direction(direction))

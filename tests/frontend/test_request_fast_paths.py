@@ -9,7 +9,11 @@ from pydantic import ValidationError
 from starlette.routing import Route
 
 from quiver.frontend.app import exact_routes
-from quiver.frontend.schemas import EmbeddingRequest, EmbedRequest, TokenIdList
+from typing import Union
+
+from pydantic import BaseModel, StrictStr
+
+from quiver.frontend.schemas import EmbeddingRequest, EmbedRequest, TokenIdList, TokenIdLists, TokenIds
 
 
 async def _endpoint(request):  # pragma: no cover - never called
@@ -42,6 +46,40 @@ def test_other_inputs_keep_the_unions_errors(value):
         EmbeddingRequest.model_validate({"input": value})
     errors = caught.value.errors()
     assert errors and all(error["loc"][0] == "input" for error in errors)
+
+
+class PlainUnion(BaseModel):
+    """The input union without the shortcut: what every input must validate to, and every error."""
+
+    input: Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
+
+
+@pytest.mark.parametrize("value", [[[1, 2, 3]], [[0, 1, 5], [7]], [[-5, 2**31 - 1], [-2**31]], [[7] * 5000, [3]],
+                                   [[5, 1], [0, 7], [1]], [[9]] * 300])
+def test_lists_of_token_ids_within_int32_come_with_their_array(value):
+    taken = EmbeddingRequest.model_validate({"input": value}).input
+    assert isinstance(taken, TokenIdLists) and taken == value == PlainUnion.model_validate({"input": value}).input
+    assert taken.ids.dtype == np.int32 and taken.ids.tolist() == [x for row in value for x in row]
+    assert taken.lens == [len(row) for row in value]
+    assert EmbedRequest.model_validate({"inputs": value}).inputs == value
+
+
+@pytest.mark.parametrize("value", [[[2**31]], [[1], [2, -2**31 - 1]], [[1], []], [[]], [[], [1]]])
+def test_lists_of_token_ids_beyond_int32_or_with_an_empty_list_stay_plain_lists(value):
+    taken = EmbeddingRequest.model_validate({"input": value}).input
+    assert type(taken) is list and taken == value
+
+
+@pytest.mark.parametrize("value", [[True], [1, True], [5, False, 6], [0, 1, True, 0], [1.0], [3, 1.5], [1, "a"],
+                                   [1, None], [[1], 2], [2, [1]], [2**70, True], [[True]], [[1], [True]],
+                                   [[5, 1], [True, 7]], [[5, 6], [7, 1, False]], [[0, True]], [[1.0]], [[1], [2, "a"]],
+                                   [[1], None], [[[1]]], [[1], [2**70, True]], [["a"]], [[1], ["a"]]])
+def test_the_shortcut_gives_the_unions_own_errors(value):
+    with pytest.raises(ValidationError) as caught:
+        EmbeddingRequest.model_validate({"input": value})
+    with pytest.raises(ValidationError) as plain:
+        PlainUnion.model_validate({"input": value})
+    assert caught.value.errors() == plain.value.errors()
 
 
 def test_exact_routes_leave_parameters_and_shadowed_paths_to_the_router():

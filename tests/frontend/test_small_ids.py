@@ -15,7 +15,7 @@ from quiver.common.ragged import RaggedIds, RaggedLimits
 from quiver.frontend import tokenization
 from quiver.frontend.connections import HeadHoldingTransport
 from quiver.frontend.errors import APIError
-from quiver.frontend.schemas import EmbeddingRequest, TokenIdList
+from quiver.frontend.schemas import EmbeddingRequest, TokenIdList, TokenIdLists
 from quiver.frontend.tokenization import SMALL_IDS, TextTokenizer, small_ragged
 
 
@@ -78,6 +78,23 @@ def test_validated_token_ids_meet_the_same_checks_as_a_plain_list(tokenizer: Tex
         assert isinstance(taken, TokenIdList)
         fast = outcome(functools.partial(tokenizer.check_ids, [taken], truncate, direction))
         assert fast == outcome(functools.partial(tokenizer.check_ids, [list(ids)], truncate, direction)), ids
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+@pytest.mark.parametrize("direction", ["right", "Left"])
+def test_validated_lists_of_token_ids_meet_the_same_checks_as_plain_lists(tokenizer: TextTokenizer, truncate: bool,
+                                                                         direction: str) -> None:
+    """Lists of ids validated by the request model (a TokenIdLists, converted already) give what the same
+    lists give as plain lists, whichever row is at fault."""
+    vocab, limit = tokenizer.info.vocab_size, tokenizer.max_length
+    for rows in ([[1, 2, 3]], [[5] * limit], [[1, 2], [5] * (limit + 1)], [[5] * (limit + 1), [2]],
+                 [[1], [2, vocab], [3]], [[3, -1], [4]], [[0, 7], [1]], [list(range(1, SMALL_IDS + 50))],
+                 [[2**31 - 1]], [[4, 5, 6]] * 40):
+        taken = EmbeddingRequest.model_validate({"input": rows}).input
+        assert isinstance(taken, TokenIdLists)
+        fast = outcome(functools.partial(tokenizer.check_ids, taken, truncate, direction))
+        assert fast == outcome(functools.partial(tokenizer.check_ids, [list(row) for row in rows], truncate,
+                                                 direction)), rows
 
 
 def test_texts_and_pairs_meet_the_same_checks_on_both_paths(tokenizer: TextTokenizer,
