@@ -183,7 +183,8 @@ class RaggedIds:
             self._check_range(self.token_type_ids, limits.type_vocab_size, BAD_TOKEN_TYPE, "token type")
 
     def _check_range(self, values: np.ndarray, size: int, code: str, what: str) -> None:
-        if int(values.min()) >= 0 and int(values.max()) < size:
+        # Seen as unsigned, a negative value is larger than any size: one reduction checks both bounds.
+        if int(values.view(np.dtype(f"u{values.dtype.itemsize}")).max()) < size:
             return
         position = int(np.flatnonzero((values < 0) | (values >= size))[0])
         row = int(np.searchsorted(self.offsets, position, side="right")) - 1

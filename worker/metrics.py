@@ -41,6 +41,7 @@ loop_tick = LoopBeat(LOOP_TIMESTAMP)
 
 for _outcome in ("ok", "cancelled", *(code.value for code in ErrorCode)):
     CHUNKS.labels(_outcome)
+CHUNKS_OK = CHUNKS.labels("ok")  # every answered chunk counts here: the label looked up once
 for _reason in ("out_of_memory", "error"):
     FAILED_BATCHES.labels(_reason)
 

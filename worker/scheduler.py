@@ -155,6 +155,10 @@ class Scheduler:
         if not self.waiting:  # the usual case right after a step: nothing to plan
             self.background_moved = now
             return None
+        if len(self.waiting) == 1 and not closed_only:
+            whole = self._whole_chunk(self.waiting[0], now)
+            if whole is not None:
+                return whole
         refs: list[SequenceRef] = []
         tokens = background_tokens = 0
         online = [job for job in self.waiting if not job.background]
@@ -218,6 +222,23 @@ class Scheduler:
             self.background_moved = now
         return self._assemble(refs), refs
 
+    def _whole_chunk(self, job: ChunkJob, now: float) -> tuple[Batch, list[SequenceRef]] | None:
+        """The step of a lone online chunk that waits whole and fits the budgets (a batch-1 request), as
+        the general plan below would make it, planned without its passes; None for anything else."""
+        chunk = job.chunk
+        if (job.next_row or job.closed or job.background or job.deadline < now
+                or chunk.num_seqs > self.max_batch_seqs
+                or (chunk.num_tokens > self.max_batch_tokens and chunk.num_seqs > 1)):
+            return None
+        self.online_seen = self.background_moved = now
+        job.next_row = chunk.num_seqs
+        if job.started is None:
+            job.started = now
+        self.waiting.clear()
+        self.waiting_seqs = 0
+        refs = [SequenceRef(job, row) for row in range(chunk.num_seqs)]
+        return self._assemble(refs), refs
+
     def closed(self, refs: list[SequenceRef], tokens: int) -> bool:
         """Whether no online chunk arriving later could add a row to this step: it holds online rows and
         reached the sequence cap, or the token budget or the cap of a step shared by several chunks (a
@@ -234,11 +255,13 @@ class Scheduler:
 
     # results -----------------------------------------------------------------------------------
     def launch(self, batch: Batch, refs: list[SequenceRef]) -> InFlightBatch:
+        """Launch the step; its size is recorded after the launch, while the device works."""
+        launched = time.monotonic()
+        flight = InFlightBatch(lazy=self.engine.step(batch), refs=refs, launched=launched)
         metrics.BATCH_SEQUENCES.observe(batch.num_seqs)
         metrics.BATCH_TOKENS.observe(batch.num_tokens)
         metrics.STEP_CHUNKS.observe(len({id(ref.job) for ref in refs}))
-        launched = time.monotonic()
-        return InFlightBatch(lazy=self.engine.step(batch), refs=refs, launched=launched)
+        return flight
 
     def finish(self, flight: InFlightBatch) -> None:
         """Wait for a launched batch, copy its rows into their chunks, answer the finished chunks."""
@@ -251,10 +274,9 @@ class Scheduler:
         self._close_flight(flight, rows)
 
     def _count_busy(self, flight: InFlightBatch) -> None:
+        """The step's device time (recorded in metrics by _close_step, once its chunks are answered)."""
         done = time.monotonic()
         flight.device_s = max(0.0, done - max(flight.launched, self.busy_until))
-        metrics.GPU_BUSY_SECONDS.inc(flight.device_s)
-        metrics.STEP_SECONDS.observe(flight.device_s)
         self.busy_until = done
 
     def _close_step(self, flight: InFlightBatch) -> None:
@@ -264,6 +286,8 @@ class Scheduler:
             job.steps += 1
             if job.rows_left == 0 and not job.closed:
                 self._answer(job)
+        metrics.GPU_BUSY_SECONDS.inc(flight.device_s)
+        metrics.STEP_SECONDS.observe(flight.device_s)
 
     def _scatter(self, rows: np.ndarray, flight: InFlightBatch) -> None:
         if flight.refs and flight.refs[0].job.row_kind:
@@ -328,7 +352,7 @@ class Scheduler:
                         worker=self.worker_name, values=job.values,
                         num_rows=job.chunk.num_tokens if job.row_kind else None)
         self.send(result.to_sparse() if self.sparse_results and result.num_rows is None else result)
-        metrics.CHUNKS.labels("ok").inc()
+        metrics.CHUNKS_OK.inc()
         self._trace(job)
 
     def _trace(self, job: ChunkJob, error: str = "") -> None:

@@ -73,6 +73,55 @@ def test_a_sequence_longer_than_the_budget_runs_alone(engine: Engine) -> None:
     assert second is not None and second[0].seq_lens.tolist() == [5]
 
 
+def test_a_lone_whole_chunk_is_planned_as_the_general_plan_plans_it(engine: Engine,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """next_batch's shortcut for one waiting chunk (a batch-1 request) against the general plan, on random
+    chunks, budgets, priorities, deadlines, cancels and partly taken chunks: the same step, the same state."""
+    monkeypatch.setattr(time, "monotonic", lambda: 1000.0)  # both plans see the same clock
+    rng = np.random.default_rng(11)
+    shortcuts = 0
+
+    def plan(use_shortcut: bool, case: dict) -> tuple:
+        nonlocal shortcuts
+        sent: list[Message] = []
+        scheduler = _scheduler(engine, sent, tokens=case["tokens"], seqs=case["seqs"])
+        whole_chunk = scheduler._whole_chunk
+
+        def counted(job, now):  # type: ignore[no-untyped-def]
+            nonlocal shortcuts
+            made = whole_chunk(job, now)
+            shortcuts += made is not None
+            return made
+
+        scheduler._whole_chunk = counted if use_shortcut else (lambda job, now: None)  # type: ignore[method-assign]
+        chunk = _chunk("c", case["lens"], timeout_s=case["timeout_s"])
+        chunk.priority = case["priority"]
+        scheduler.accept(chunk)
+        if case["taken"]:
+            scheduler.waiting[0].next_row = 1
+        if case["cancelled"]:
+            scheduler.accept(Cancel(chunk_id="c"))
+        picked = scheduler.next_batch()
+        step = None
+        if picked is not None:
+            batch, refs = picked
+            step = (batch.input_ids.tolist(), batch.seq_lens.tolist(), batch.normalize.tolist(), batch.token_rows,
+                    [(ref.job.chunk.chunk_id, ref.row) for ref in refs])
+        job = scheduler.jobs.get("c")
+        return (step, scheduler.online_seen, scheduler.background_moved, len(scheduler.waiting),
+                scheduler.waiting_seqs, job and (job.next_row, job.started, job.closed),
+                [(type(m).__name__, getattr(m, "code", None)) for m in sent])
+
+    for _ in range(400):
+        lens = rng.integers(1, 60, size=int(rng.integers(1, 7))).tolist()
+        case = {"lens": lens, "tokens": int(rng.integers(20, 200)), "seqs": int(rng.integers(1, 8)),
+                "priority": PRIORITY_BACKGROUND if rng.random() < 0.2 else 0,
+                "timeout_s": -1.0 if rng.random() < 0.1 else 30.0, "cancelled": rng.random() < 0.1,
+                "taken": len(lens) > 1 and rng.random() < 0.15}
+        assert plan(True, case) == plan(False, case), case
+    assert shortcuts > 50  # the shortcut was taken, not only declined
+
+
 def test_expired_and_cancelled_chunks_never_run(engine: Engine) -> None:
     sent: list[Message] = []
     scheduler = _scheduler(engine, sent)
