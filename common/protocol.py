@@ -143,9 +143,11 @@ class Message:
     """Base of every message: subclasses declare TYPE, header fields and how to check them."""
 
     TYPE: ClassVar[MsgType]
+    # The fields the header carries, in order (every field but the array frames'): set below, once.
+    HEADER_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     def header(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: getattr(self, name) for name in self.HEADER_FIELDS}
 
     def arrays(self) -> list[bytes | memoryview]:
         return []
@@ -296,7 +298,7 @@ class Chunk(Message):
     ARRAY_FIELDS: ClassVar[tuple[str, ...]] = ("input_ids", "seq_lens", "token_type_ids")
 
     def header(self) -> dict[str, Any]:
-        header = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.ARRAY_FIELDS}
+        header = super().header()
         if self.priority == PRIORITY_ONLINE:
             del header["priority"]  # an online chunk's header is what it was before priorities existed
         return header
@@ -394,7 +396,7 @@ class Result(Message):
     ARRAY_FIELDS: ClassVar[tuple[str, ...]] = ("values", "row_counts", "indices")
 
     def header(self) -> dict[str, Any]:
-        header = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.ARRAY_FIELDS}
+        header = super().header()
         if self.nnz is None:
             del header["nnz"]  # a dense result's header is what it was before sparse results existed
         if self.num_rows is None:
@@ -510,6 +512,8 @@ class Error(Message):
 MESSAGE_CLASSES: dict[MsgType, type[Message]] = {
     cls.TYPE: cls for cls in (Ready, Heartbeat, Disconnect, Reconnect, Cancel, Chunk, Result, Error)
 }
+for _cls in MESSAGE_CLASSES.values():
+    _cls.HEADER_FIELDS = tuple(f.name for f in fields(_cls) if f.name not in getattr(_cls, "ARRAY_FIELDS", ()))
 # Per type byte: the class, its field names, and those of them its header may hold (not its arrays'),
 # looked up once (every message is checked).
 _CLASSES_BY_BYTE: dict[int, tuple[MsgType, type[Message], frozenset[str], frozenset[str]]] = {
