@@ -10,8 +10,12 @@ In one run, sequential requests through:
   (b) a bare Starlette app on uvicorn, POSTing a body the size of a token-id request, answered with a
       body the size of a one-vector response;
   (c) Quiver itself (`quiver serve`), /v1/embeddings with token ids, minus the worker's own step time
-      (the x-inference-time header): the path overhead.
-Then prints the overhead against the floor, (a) blocking + (b), measured at each length's body size.
+      (the x-inference-time header): the path overhead;
+  (d) the same with a text of as many tokens (real English, bench/corpus.py) instead of its ids, minus the
+      step and minus the frontend's own tokenization of that text, timed alone in this process
+      (frontend/tokenization.py's encode on one text): the path overhead of a text request.
+Then prints the overhead against the floor, (a) blocking + (b), measured at each length's body size (the
+ids' body; a text's body is a little smaller).
 Times are µs, p50 / p99. For (c) it also prints each process's CPU time per request (every thread, from
 /proc schedstat): on a shared machine, where wall times drift between runs, the steadier figure to
 compare two builds by.
@@ -243,6 +247,27 @@ def _post_times(port: int, path: str, body: bytes, requests: int) -> tuple[list[
     return client, inference
 
 
+def tokenization_alone(model: str, text: str, requests: int) -> tuple[float, float]:
+    """p50 / p99 µs of the frontend's own tokenization of `text`, as a request of it runs it (the server's
+    truncation setting, special tokens added, checked into ragged ids), timed in this process."""
+    from quiver.common.config import FrontendSettings
+    from quiver.common.model_info import load_model_info
+    from quiver.frontend.tokenization import TextTokenizer
+
+    tokenizer = TextTokenizer(load_model_info(model), pool_threads=1)
+    truncate = FrontendSettings().auto_truncate
+    try:
+        times = []
+        for index in range(_sent(requests)):
+            started = time.perf_counter()
+            tokenizer.encode_sync([text], truncate, "right")
+            if index >= requests // 5 + 5:
+                times.append(time.perf_counter() - started)
+    finally:
+        tokenizer.close()
+    return _percentiles(times)
+
+
 def _token_body(tokens: int, vocab: int) -> bytes:
     ids = [int(x) for x in np.random.default_rng(0).integers(10, vocab - 1, size=tokens)]
     return json.dumps({"input": [ids]}).encode()
@@ -298,7 +323,8 @@ def _cpu_now(pids: Iterable[int]) -> dict[int, float]:
     return seconds
 
 
-def _overhead_at(port: int, pid: int, args: argparse.Namespace, lengths: list[int], vocab: int) -> dict[str, Any]:
+def _overhead_at(port: int, pid: int, args: argparse.Namespace, lengths: list[int], vocab: int,
+                 texts: dict[int, str]) -> dict[str, Any]:
     out: dict[str, Any] = {"idle_cpu": idle_cpu(pid, args.idle_s) if pid else {}}
     tree = _process_tree(pid) if pid else {}
     for length in lengths:
@@ -310,15 +336,31 @@ def _overhead_at(port: int, pid: int, args: argparse.Namespace, lengths: list[in
         overhead_p50, overhead_p99 = _percentiles([c - i for c, i in zip(client, inference)])
         out[str(length)] = {"client_p50": client_p50, "client_p99": client_p99,
                             "overhead_p50": overhead_p50, "overhead_p99": overhead_p99, "cpu_us_per_request": cpu}
+        if length in texts:
+            out[str(length)]["text"] = _text_overhead(port, args, texts[length])
     return out
 
 
-def quiver_overhead(args: argparse.Namespace, lengths: list[int], vocab: int) -> dict[str, Any]:
+def _text_overhead(port: int, args: argparse.Namespace, text: str) -> dict[str, float]:
+    """A text request's client p50/p99 µs, the frontend's tokenization of the text timed alone (p50/p99),
+    and the overhead beyond both the step and that tokenization (p50/p99)."""
+    client, inference = _post_times(port, "/v1/embeddings", json.dumps({"input": text}).encode(), args.requests)
+    tokenize_p50, tokenize_p99 = tokenization_alone(args.model_dir, text, args.requests)
+    client_p50, client_p99 = _percentiles(client)
+    overhead_p50, overhead_p99 = _percentiles([c - i - tokenize_p50 / 1e6 for c, i in zip(client, inference)])
+    return {"client_p50": client_p50, "client_p99": client_p99, "tokenize_p50": tokenize_p50,
+            "tokenize_p99": tokenize_p99, "overhead_p50": overhead_p50, "overhead_p99": overhead_p99}
+
+
+def quiver_overhead(args: argparse.Namespace, lengths: list[int], vocab: int,
+                    texts: dict[int, str]) -> dict[str, Any]:
     """Idle CPU of each process, then per length: client p50/p99 µs, the overhead (client -
-    x-inference-time) p50/p99 µs and each process's CPU µs per request. Against --url when given (CPU then
-    of --server-pid's processes), else of a `quiver serve` started here."""
+    x-inference-time) p50/p99 µs and each process's CPU µs per request; for a length in `texts`, the same
+    for that text (see _text_overhead). Against --url when given (CPU then of --server-pid's processes),
+    else of a `quiver serve` started here."""
     if args.url:
-        return _overhead_at(int(args.url.rsplit(":", 1)[1].strip("/")), args.server_pid, args, lengths, vocab)
+        return _overhead_at(int(args.url.rsplit(":", 1)[1].strip("/")), args.server_pid, args, lengths, vocab,
+                            texts)
     port = free_port()
     command = [sys.executable, "-m", "quiver", "serve", "--port", str(port), "--device", args.device]
     if args.model:
@@ -327,17 +369,21 @@ def quiver_overhead(args: argparse.Namespace, lengths: list[int], vocab: int) ->
     try:
         wait_http(port, "/health", args.startup_timeout_s, process)
         time.sleep(IDLE_SETTLE_S)
-        return _overhead_at(port, process.pid, args, lengths, vocab)
+        return _overhead_at(port, process.pid, args, lengths, vocab, texts)
     finally:
         process.terminate()
         process.wait(60)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from quiver.bench.corpus import TokenCorpus
     from quiver.common.model_info import default_model_dir, load_model_info
 
-    info = load_model_info(args.model or default_model_dir())
+    args.model_dir = args.model or str(default_model_dir())
+    info = load_model_info(args.model_dir)
     lengths = [n for n in args.lengths if n <= info.max_input_length]
+    corpus = TokenCorpus(info.tokenizer_path) if args.texts else None
+    texts = {length: corpus.text(length) for length in lengths} if corpus is not None else {}
     floor_tokens = lengths[0]
     rows: dict[str, tuple[float, float]] = {}
     for handoff in HANDOFFS:
@@ -355,7 +401,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows[f"pyzmq client -> broker -> worker (none hand-off), blocking, {length} tokens"] = zmq_row
         rows[f"Starlette on uvicorn, bare POST, {length} tokens"] = http_row
         floors[str(length)] = round(zmq_row[0] + http_row[0], 1)
-    quiver = quiver_overhead(args, lengths, info.vocab_size)
+    quiver = quiver_overhead(args, lengths, info.vocab_size, texts)
     idle = quiver.pop("idle_cpu")
     return {"floor_rows": rows, "floor_p50": round(floor_p50, 1), "floor_p50_by_length": floors, "quiver": quiver,
             "idle_cpu": idle}
@@ -376,6 +422,16 @@ def print_table(result: dict[str, Any]) -> None:
         ratio = row["overhead_p50"] / result["floor_p50_by_length"][length]
         print(f"| {length} | {row['client_p50']} / {row['client_p99']} | {row['overhead_p50']} / "
               f"{row['overhead_p99']} | {ratio:.2f} |")
+    text_rows = {length: row["text"] for length, row in result["quiver"].items() if "text" in row}
+    if text_rows:
+        print()
+        print("| tokens, one text | Quiver client p50 / p99 µs | tokenization alone p50 / p99 µs | overhead "
+              "(client - x-inference-time - tokenization) p50 / p99 µs | overhead / floor at this length |")
+        print("| --- | --- | --- | --- | --- |")
+        for length, row in text_rows.items():
+            ratio = row["overhead_p50"] / result["floor_p50_by_length"][length]
+            print(f"| {length} | {row['client_p50']} / {row['client_p99']} | {row['tokenize_p50']} / "
+                  f"{row['tokenize_p99']} | {row['overhead_p50']} / {row['overhead_p99']} | {ratio:.2f} |")
     print()
     print("| process of `quiver serve`, requests of N tokens | CPU µs per request (all its threads) |")
     print("| --- | --- |")
@@ -406,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default="", help="measure this running server (http://127.0.0.1:PORT, loopback) "
                         "instead of starting one; --model must name its checkpoint")
     parser.add_argument("--server-pid", type=int, default=0, help="with --url: the server's pid, for idle CPU")
+    parser.add_argument("--no-texts", dest="texts", action="store_false",
+                        help="token ids only: no text request of each length, nor its tokenization timed alone")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.lengths, args.modes, args.device = 20, [128], ("blocking",), args.device or "cpu"
