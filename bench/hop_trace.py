@@ -169,6 +169,7 @@ if os.environ.get("HOPTRACE"):
             for owner, name, label in ((http.RouteApp, "__call__", "E.app"),
                                        (service.Service, "embed", "E.embed"),
                                        (tokenization.TextTokenizer, "check_ids", "E.check_ids"),
+                                       (tokenization.TextTokenizer, "encode_sync", "E.encode_sync"),
                                        (pipeline.Pipeline, "_chunks", "E.chunks"),
                                        (broker_client.BrokerClient, "_send", "E.send"),
                                        (broker_client.BrokerClient, "_receive", "E.receive"),
@@ -284,12 +285,17 @@ def segments(rows: np.ndarray) -> list[dict[str, Any]]:
     return table
 
 
-def _send_requests(port: int, lengths: list[int], count: int, vocab: int) -> list[tuple[int, int, int, int]]:
+def _send_requests(port: int, lengths: list[int], count: int, vocab: int,
+                   texts: dict[int, str] | None = None) -> list[tuple[int, int, int, int]]:
+    """Each length's requests: token ids, or with `texts` that length's text (the same body every time)."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     rng = np.random.default_rng(0)
     done = []
     for length in lengths:
-        body = json.dumps({"input": [[int(x) for x in rng.integers(5, vocab - 1, size=length)]]}).encode()
+        if texts is not None:
+            body = json.dumps({"input": texts[length]}).encode()
+        else:
+            body = json.dumps({"input": [[int(x) for x in rng.integers(5, vocab - 1, size=length)]]}).encode()
         for _ in range(count + WARMUP):
             time.sleep(0.002)  # every process idle again, as between a user's requests
             started = time.monotonic_ns()
@@ -309,6 +315,12 @@ def run(args: argparse.Namespace) -> tuple[dict[int, list[dict[str, Any]]], dict
 
     info = load_model_info(args.model or default_model_dir())
     lengths = [n for n in args.lengths if n <= info.max_input_length]
+    texts = None
+    if args.texts:
+        from quiver.bench.corpus import TokenCorpus
+
+        corpus = TokenCorpus(info.tokenizer_path)
+        texts = {length: corpus.text(length) for length in lengths}
     with tempfile.TemporaryDirectory(prefix="quiver-hop-trace-") as folder:
         site, trace = Path(folder, "site"), Path(folder, "trace")
         site.mkdir()
@@ -322,7 +334,7 @@ def run(args: argparse.Namespace) -> tuple[dict[int, list[dict[str, Any]]], dict
         server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_http(port, "/health", args.startup_timeout_s, server)
-            requests = _send_requests(port, lengths, args.requests, info.vocab_size)
+            requests = _send_requests(port, lengths, args.requests, info.vocab_size, texts)
         finally:
             server.terminate()
             server.wait(60)
@@ -350,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve-args", default="", help="more `quiver serve` options")
     parser.add_argument("--startup-timeout-s", type=float, default=600.0)
     parser.add_argument("--json", default="", help="also write the segments here")
+    parser.add_argument("--texts", action="store_true",
+                        help="send a text of each length (real English, bench/corpus.py) instead of token ids")
     parser.add_argument("--detail", action="store_true",
                         help="also stamp the worker's link and scheduler calls between a chunk's arrival and its launch")
     args = parser.parse_args(argv)

@@ -42,3 +42,17 @@ def test_hop_trace_detail_stamps_each_call_in_the_order_a_request_meets_them(tmp
             "W W.launch", "W D.step>", "W D.pack_batch>", "W D.step<", "W W.done", "W W.answer", "F F.encode",
             "F E.respond>", "C headers read", "C end"]
     assert [offsets[stamp] for stamp in path] == sorted(offsets[stamp] for stamp in path), offsets
+
+
+def test_hop_trace_texts_tokenize_each_request_between_its_parse_and_its_chunk(tmp_path: Path) -> None:
+    out = tmp_path / "hops.json"
+    done = subprocess.run([sys.executable, "-m", "quiver.bench.hop_trace", "--quick", "--texts", "--detail",
+                           "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ, QUIVER_LINK_THREAD="off"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [(row["from"], row["to"]) for row in result["32"][:-1]] == list(zip(ORDER, ORDER[1:]))
+    offsets = {row["stamp"]: row["p50_us"] for row in result["detail"]["32"]}
+    assert "F E.check_ids>" not in offsets  # a text, not token ids
+    path = ["F F.parse", "F E.encode_sync>", "F E.encode_sync<", "F E.chunks>", "W W.accept", "F F.encode"]
+    assert [offsets[stamp] for stamp in path] == sorted(offsets[stamp] for stamp in path), offsets
