@@ -57,7 +57,10 @@ def pack_batch(batch: Batch, shape: StepShape, out: np.ndarray, use_token_types:
     buf = out[:size]
     buf[:t] = batch.input_ids
     buf[t:tokens] = 0  # the padding tokens' ids
-    np.subtract(_arange(t), np.repeat(offsets[:-1], batch.seq_lens), out=buf[tokens:tokens + t])
+    if n == 1:  # a lone sequence (batch 1): its positions are the arange itself, no per-token offsets
+        buf[tokens:tokens + t] = _arange(t)
+    else:
+        np.subtract(_arange(t), np.repeat(offsets[:-1], batch.seq_lens), out=buf[tokens:tokens + t])
     buf[tokens + t:2 * tokens] = 0  # and their positions
     types = buf[2 * tokens:3 * tokens]
     if batch.token_type_ids is None or not use_token_types:
@@ -66,7 +69,7 @@ def pack_batch(batch: Batch, shape: StepShape, out: np.ndarray, use_token_types:
         types[:t] = batch.token_type_ids
         types[t:] = 0
     seq_ids = buf[3 * tokens:4 * tokens]
-    seq_ids[:t] = np.repeat(_arange(n), batch.seq_lens)
+    seq_ids[:t] = 0 if n == 1 else np.repeat(_arange(n), batch.seq_lens)
     seq_ids[t:] = n
     cu = buf[4 * tokens:4 * tokens + rows + 1]
     cu[:n + 1] = offsets
