@@ -92,6 +92,10 @@ class RaggedIds:
         size does not match the counts given, or the lengths do not add up to num_tokens."""
         arrays = [_int32_frame("input_ids", ids, num_tokens), _int32_frame("seq_lens", lens, num_seqs)]
         ragged = cls(arrays[0], arrays[1], _int32_frame("token_type_ids", types, num_tokens) if types is not None else None)
+        if num_seqs == 1:  # a lone sequence (batch 1): its length is the count, its offsets known without a sum
+            if int(arrays[1][0]) != num_tokens or num_tokens < 1:
+                raise RaggedError(SHAPE, f"seq_lens must be positive and sum to num_tokens ({num_tokens})")
+            return _with_offsets(ragged, np.array([0, num_tokens], dtype=np.int64))
         if num_seqs and (int(ragged.seq_lens.min()) < 1 or int(ragged.offsets[-1]) != num_tokens):
             raise RaggedError(SHAPE, f"seq_lens must be positive and sum to num_tokens ({num_tokens})")
         return ragged

@@ -129,6 +129,17 @@ def test_from_frames_reads_int32_frames_without_copying_and_checks_their_sizes()
         assert caught.value.code == SHAPE
 
 
+def test_from_frames_of_one_sequence_checks_its_length_against_the_count():
+    ids = np.array([5, 6, 7, 8], dtype="<i4").tobytes()
+    ragged = RaggedIds.from_frames(ids, np.array([4], dtype="<i4").tobytes(), None, num_seqs=1, num_tokens=4)
+    assert ragged.offsets.tolist() == [0, 4] and ragged.offsets.dtype == np.int64
+    for length, tokens in ((3, 4), (5, 4), (-4, 4), (0, 0)):
+        with pytest.raises(RaggedError) as caught:
+            RaggedIds.from_frames(ids[:4 * tokens], np.array([length], dtype="<i4").tobytes(), None,
+                                  num_seqs=1, num_tokens=tokens)
+        assert caught.value.code == SHAPE
+
+
 def test_a_chunk_carries_its_ragged_ids_across_the_wire():
     ragged = RaggedIds.from_lists(ROWS, [[0] * 3, [1], [0, 1], [1] * 4]).rows(1, 4)
     chunk = Chunk.from_ids(ragged, chunk_id="c1", task="embed", normalize=True, timeout_s=5.0)
