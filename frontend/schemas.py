@@ -42,14 +42,11 @@ class TokenIdLists(list):
 
 
 def _packed_int32(values: Any, count: int) -> np.ndarray | None:
-    """`values` (an iterable of `count` items) as a read-only int32 array when every item is a JSON
-    integer within int32; None when one is not (a bool, a float, a string, ..., or a larger integer).
-
-    struct.pack refuses anything but ints (and objects with __index__) and ints beyond int32, but takes
-    bools as 0 and 1, so only what came out 0 or 1 is looked at again (`item_at` finds it by flat
-    position). That is exact for what JSON decodes to; other int-like objects (numpy integers, int
-    subclasses) would pass as their value. (struct.pack over the unpacked items takes a third of the time
-    of array('i'), np.fromiter or np.array over the same list.)"""
+    """`values` (an iterable of `count` items) as a read-only int32 array, or None when an item is not an
+    int or is beyond int32. struct.pack refuses anything but ints (and objects with __index__) and ints
+    beyond int32, but takes bools as 0 and 1: see _no_bools. That is exact for what JSON decodes to; other
+    int-like objects (numpy integers, int subclasses) would pass as their value. (struct.pack over the
+    unpacked items takes a third of the time of array('i'), np.fromiter or np.array over the same list.)"""
     try:
         packed = struct.pack(f"<{count}i", *values)
     except struct.error:
@@ -58,8 +55,8 @@ def _packed_int32(values: Any, count: int) -> np.ndarray | None:
 
 
 def _no_bools(ids: np.ndarray, item_at: Callable[[int], Any]) -> bool:
-    """Whether none of the items that packed as 0 or 1 was a bool (a negative id, seen as unsigned, is
-    above 1)."""
+    """Whether none of the items packed into `ids` was a bool: only those that came out 0 or 1 are looked
+    at again, by their flat position (a negative id, seen as unsigned, is above 1)."""
     unsigned = ids.view(np.uint32)
     return int(unsigned.min()) > 1 or all(type(item_at(i)) is int for i in np.flatnonzero(unsigned <= 1).tolist())
 
