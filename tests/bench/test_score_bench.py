@@ -27,7 +27,13 @@ def test_score_bench_times_quiver_with_both_clients_and_their_rankings_agree(tmp
     for count in map(str, DOC_COUNTS):
         raw, library = result["quiver"]["ranked"][count], result["quiver_httpx"]["ranked"][count]
         assert sorted(index for index, _ in raw) == list(range(int(count)))
-        assert raw == library  # the same request through either client: the same scores, in the same order
+        # The same request through either client: the same score for every document, each list ranked by
+        # its scores. Not bit for bit: a long request's first documents go out while the rest tokenize, so
+        # which documents share a step depends on timing, and a CPU step's sums round by its batch.
+        scores, other = dict(raw), dict(library)
+        assert scores.keys() == other.keys() and all(abs(scores[i] - other[i]) < 1e-5 for i in scores), count
+        for ranked in (raw, library):
+            assert [score for _, score in ranked] == sorted((score for _, score in ranked), reverse=True)
         stages = result["quiver"]["server_stages_ms"][count]
         assert 0 < stages["inference"]["p50"] <= stages["total"]["p50"] <= result["quiver"]["latency_ms"][count]["max"]
     assert all(difference < 0.01 for difference in result["max_score_difference"].values())
