@@ -11,9 +11,10 @@ In one run, sequential requests through:
       body the size of a one-vector response;
   (c) Quiver itself (`quiver serve`), /v1/embeddings with token ids, minus the worker's own step time
       (the x-inference-time header): the path overhead;
-  (d) the same with a text of as many tokens (real English, bench/corpus.py) instead of its ids, minus the
-      step and minus the frontend's own tokenization of that text, timed alone in this process
-      (frontend/tokenization.py's encode on one text): the path overhead of a text request.
+  (c') the same ids through Text Embeddings Inference's /embed;
+  (d) a text of as many tokens (real English, bench/corpus.py) instead of its ids, minus the step and minus
+      the frontend's own tokenization of that text, timed alone in this process once per request
+      interval (tokenization_alone): the path overhead of a text request.
 Then prints the overhead against the floor, (a) blocking + (b), measured at each length's body size (the
 ids' body; a text's body is a little smaller).
 Times are µs, p50 / p99. For (c) it also prints each process's CPU time per request (every thread, from
@@ -344,9 +345,21 @@ def _overhead_at(port: int, pid: int, args: argparse.Namespace, lengths: list[in
         overhead_p50, overhead_p99 = _percentiles([c - i for c, i in zip(client, inference)])
         out[str(length)] = {"client_p50": client_p50, "client_p99": client_p99,
                             "overhead_p50": overhead_p50, "overhead_p99": overhead_p99, "cpu_us_per_request": cpu}
+        if args.tei:
+            out[str(length)]["tei"] = _tei_overhead(port, args, length, vocab)
         if length in texts:
             out[str(length)]["text"] = _text_overhead(port, args, texts[length])
     return out
+
+
+def _tei_overhead(port: int, args: argparse.Namespace, length: int, vocab: int) -> dict[str, float]:
+    """The same token ids through Text Embeddings Inference's /embed: client and overhead p50/p99 µs."""
+    body = json.dumps({"inputs": json.loads(_token_body(length, vocab))["input"]}).encode()
+    client, inference = _post_times(port, "/embed", body, args.requests)
+    client_p50, client_p99 = _percentiles(client)
+    overhead_p50, overhead_p99 = _percentiles([c - i for c, i in zip(client, inference)])
+    return {"client_p50": client_p50, "client_p99": client_p99, "overhead_p50": overhead_p50,
+            "overhead_p99": overhead_p99}
 
 
 def _text_overhead(port: int, args: argparse.Namespace, text: str) -> dict[str, float]:
@@ -432,6 +445,16 @@ def print_table(result: dict[str, Any]) -> None:
         ratio = row["overhead_p50"] / result["floor_p50_by_length"][length]
         print(f"| {length} | {row['client_p50']} / {row['client_p99']} | {row['overhead_p50']} / "
               f"{row['overhead_p99']} | {ratio:.2f} |")
+    tei_rows = {length: row["tei"] for length, row in result["quiver"].items() if "tei" in row}
+    if tei_rows:
+        print()
+        print("| tokens, ids on /embed | Quiver client p50 / p99 µs | overhead (client - x-inference-time) p50 / p99 "
+              "µs | overhead / floor at this length |")
+        print("| --- | --- | --- | --- |")
+        for length, row in tei_rows.items():
+            ratio = row["overhead_p50"] / result["floor_p50_by_length"][length]
+            print(f"| {length} | {row['client_p50']} / {row['client_p99']} | {row['overhead_p50']} / "
+                  f"{row['overhead_p99']} | {ratio:.2f} |")
     text_rows = {length: row["text"] for length, row in result["quiver"].items() if "text" in row}
     if text_rows:
         print()
@@ -473,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default="", help="measure this running server (http://127.0.0.1:PORT, loopback) "
                         "instead of starting one; --model must name its checkpoint")
     parser.add_argument("--server-pid", type=int, default=0, help="with --url: the server's pid, for idle CPU")
+    parser.add_argument("--no-tei", dest="tei", action="store_false",
+                        help="/v1/embeddings only: not the same ids through /embed too")
     parser.add_argument("--no-texts", dest="texts", action="store_false",
                         help="token ids only: no text request of each length, nor its tokenization timed alone")
     args = parser.parse_args(argv)

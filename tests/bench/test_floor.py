@@ -31,6 +31,8 @@ def test_floor_quick_prints_the_floor_and_quivers_overhead(tmp_path: Path) -> No
     cpu = row["cpu_us_per_request"]
     for role in ("quiver frontend", "quiver broker", "quiver worker"):  # each did work for every request
         assert [micros for process, micros in cpu.items() if role in process and micros > 0], (role, cpu)
+    tei = row["tei"]  # the same ids through /embed
+    assert 0 < tei["overhead_p50"] <= tei["client_p50"] <= tei["client_p99"]
     text = row["text"]  # a text of 128 tokens: the step and the frontend's tokenization timed alone taken off
     for timing in ("warm", "spaced"):
         assert 0 < text[f"tokenize_{timing}_p50"] <= text[f"tokenize_{timing}_p99"]
@@ -39,7 +41,8 @@ def test_floor_quick_prints_the_floor_and_quivers_overhead(tmp_path: Path) -> No
     table = done.stdout
     assert result["floor_p50_by_length"] == {"128": result["floor_p50"]}
     assert "| floor at 128 tokens: pyzmq blocking (no hand-off) + Starlette |" in table
-    assert table.count("\n| 128 |") == 2 and "overhead / floor" in table and "tokenization alone" in table
+    assert table.count("\n| 128 |") == 3 and "overhead / floor" in table and "tokenization alone" in table
+    assert "ids on /embed" in table
 
 
 def test_cpu_of_processes_skips_one_that_ended():
