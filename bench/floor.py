@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import zmq
@@ -277,9 +277,10 @@ def tokenization_alone(model: str, text: str, requests: int, gap_s: float) -> di
     return result
 
 
-def _token_body(tokens: int, vocab: int) -> bytes:
+def _token_body(tokens: int, vocab: int, key: str = "input") -> bytes:
+    """One input of `tokens` ids, as the OpenAI client sends them (`key` "inputs" for /embed)."""
     ids = [int(x) for x in np.random.default_rng(0).integers(10, vocab - 1, size=tokens)]
-    return json.dumps({"input": [ids]}).encode()
+    return json.dumps({key: [ids]}).encode()
 
 
 def starlette_round_trip(requests: int, tokens: int, dim: int) -> tuple[float, float]:
@@ -338,41 +339,40 @@ def _overhead_at(port: int, pid: int, args: argparse.Namespace, lengths: list[in
     tree = _process_tree(pid) if pid else {}
     for length in lengths:
         before = _cpu_now(tree)
-        client, inference = _post_times(port, "/v1/embeddings", _token_body(length, vocab), args.requests)
+        row = _route_overhead(port, "/v1/embeddings", _token_body(length, vocab), args.requests)
         after = _cpu_now(before)
-        cpu = {f"{p} {tree[p]}": round((after[p] - before[p]) * 1e6 / _sent(args.requests), 1) for p in after}
-        client_p50, client_p99 = _percentiles(client)
-        overhead_p50, overhead_p99 = _percentiles([c - i for c, i in zip(client, inference)])
-        out[str(length)] = {"client_p50": client_p50, "client_p99": client_p99,
-                            "overhead_p50": overhead_p50, "overhead_p99": overhead_p99, "cpu_us_per_request": cpu}
-        if args.tei:
-            out[str(length)]["tei"] = _tei_overhead(port, args, length, vocab)
+        row["cpu_us_per_request"] = {f"{p} {tree[p]}": round((after[p] - before[p]) * 1e6 / _sent(args.requests), 1)
+                                     for p in after}
+        if args.tei:  # the same ids through Text Embeddings Inference's /embed
+            row["tei"] = _route_overhead(port, "/embed", _token_body(length, vocab, key="inputs"), args.requests)
         if length in texts:
-            out[str(length)]["text"] = _text_overhead(port, args, texts[length])
+            row["text"] = _text_overhead(port, args, texts[length])
+        out[str(length)] = row
     return out
 
 
-def _tei_overhead(port: int, args: argparse.Namespace, length: int, vocab: int) -> dict[str, float]:
-    """The same token ids through Text Embeddings Inference's /embed: client and overhead p50/p99 µs."""
-    body = json.dumps({"inputs": json.loads(_token_body(length, vocab))["input"]}).encode()
-    client, inference = _post_times(port, "/embed", body, args.requests)
+def _route_overhead(port: int, path: str, body: bytes, requests: int,
+                    tokenization: Callable[[float], dict[str, float]] | None = None) -> dict[str, Any]:
+    """Client p50/p99 µs of sequential POSTs of `body` to `path`, and the overhead p50/p99 µs: the client's
+    time less the worker's step (x-inference-time) and, given `tokenization` (called with the client's
+    p50 in seconds, giving tokenization_alone's figures, kept as tokenize_*), less its spaced p50."""
+    client, inference = _post_times(port, path, body, requests)
     client_p50, client_p99 = _percentiles(client)
-    overhead_p50, overhead_p99 = _percentiles([c - i for c, i in zip(client, inference)])
-    return {"client_p50": client_p50, "client_p99": client_p99, "overhead_p50": overhead_p50,
-            "overhead_p99": overhead_p99}
+    row: dict[str, Any] = {"client_p50": client_p50, "client_p99": client_p99}
+    less_s = 0.0
+    if tokenization is not None:
+        alone = tokenization(client_p50 / 1e6)
+        row.update({f"tokenize_{name}": value for name, value in alone.items()})
+        less_s = alone["spaced_p50"] / 1e6
+    row["overhead_p50"], row["overhead_p99"] = _percentiles([c - i - less_s for c, i in zip(client, inference)])
+    return row
 
 
-def _text_overhead(port: int, args: argparse.Namespace, text: str) -> dict[str, float]:
-    """A text request's client p50/p99 µs; the frontend's tokenization of the text timed alone, back to
-    back and spaced by the request's p50 (tokenization_alone); and the overhead beyond the step and the
-    spaced tokenization (p50/p99)."""
-    client, inference = _post_times(port, "/v1/embeddings", json.dumps({"input": text}).encode(), args.requests)
-    client_p50, client_p99 = _percentiles(client)
-    alone = tokenization_alone(args.model_dir, text, args.requests, client_p50 / 1e6)
-    tokenize_s = alone["spaced_p50"] / 1e6
-    overhead_p50, overhead_p99 = _percentiles([c - i - tokenize_s for c, i in zip(client, inference)])
-    return {"client_p50": client_p50, "client_p99": client_p99, **{f"tokenize_{k}": v for k, v in alone.items()},
-            "overhead_p50": overhead_p50, "overhead_p99": overhead_p99}
+def _text_overhead(port: int, args: argparse.Namespace, text: str) -> dict[str, Any]:
+    """A text request's figures (_route_overhead), its tokenization timed alone back to back and spaced by
+    the request's p50 (tokenization_alone), the overhead beyond the step and the spaced tokenization."""
+    return _route_overhead(port, "/v1/embeddings", json.dumps({"input": text}).encode(), args.requests,
+                           lambda gap_s: tokenization_alone(args.model_dir, text, args.requests, gap_s))
 
 
 def quiver_overhead(args: argparse.Namespace, lengths: list[int], vocab: int,
@@ -430,6 +430,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "idle_cpu": idle}
 
 
+def _print_overhead(first_column: str, rows: dict[str, dict[str, Any]], floors: dict[str, float]) -> None:
+    """One table of client and overhead figures per length, with the overhead over that length's floor."""
+    print()
+    print(f"| {first_column} | Quiver client p50 / p99 µs | overhead (client - x-inference-time) p50 / p99 µs | "
+          "overhead / floor at this length |")
+    print("| --- | --- | --- | --- |")
+    for length, row in rows.items():
+        print(f"| {length} | {row['client_p50']} / {row['client_p99']} | {row['overhead_p50']} / "
+              f"{row['overhead_p99']} | {row['overhead_p50'] / floors[length]:.2f} |")
+
+
 def print_table(result: dict[str, Any]) -> None:
     print("| path | p50 µs | p99 µs |")
     print("| --- | --- | --- |")
@@ -437,24 +448,11 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"| {name} | {p50} | {p99} |")
     for length, floor in result["floor_p50_by_length"].items():
         print(f"| floor at {length} tokens: pyzmq blocking (no hand-off) + Starlette | {floor} | |")
-    print()
-    print("| tokens | Quiver client p50 / p99 µs | overhead (client - x-inference-time) p50 / p99 µs | "
-          "overhead / floor at this length |")
-    print("| --- | --- | --- | --- |")
-    for length, row in result["quiver"].items():
-        ratio = row["overhead_p50"] / result["floor_p50_by_length"][length]
-        print(f"| {length} | {row['client_p50']} / {row['client_p99']} | {row['overhead_p50']} / "
-              f"{row['overhead_p99']} | {ratio:.2f} |")
+    floors = result["floor_p50_by_length"]
+    _print_overhead("tokens", result["quiver"], floors)
     tei_rows = {length: row["tei"] for length, row in result["quiver"].items() if "tei" in row}
     if tei_rows:
-        print()
-        print("| tokens, ids on /embed | Quiver client p50 / p99 µs | overhead (client - x-inference-time) p50 / p99 "
-              "µs | overhead / floor at this length |")
-        print("| --- | --- | --- | --- |")
-        for length, row in tei_rows.items():
-            ratio = row["overhead_p50"] / result["floor_p50_by_length"][length]
-            print(f"| {length} | {row['client_p50']} / {row['client_p99']} | {row['overhead_p50']} / "
-                  f"{row['overhead_p99']} | {ratio:.2f} |")
+        _print_overhead("tokens, ids on /embed", tei_rows, floors)
     text_rows = {length: row["text"] for length, row in result["quiver"].items() if "text" in row}
     if text_rows:
         print()
@@ -463,7 +461,7 @@ def print_table(result: dict[str, Any]) -> None:
               "overhead / floor at this length |")
         print("| --- | --- | --- | --- | --- |")
         for length, row in text_rows.items():
-            ratio = row["overhead_p50"] / result["floor_p50_by_length"][length]
+            ratio = row["overhead_p50"] / floors[length]
             print(f"| {length} | {row['client_p50']} / {row['client_p99']} | {row['tokenize_warm_p50']} / "
                   f"{row['tokenize_spaced_p50']} | {row['overhead_p50']} / {row['overhead_p99']} | {ratio:.2f} |")
     print()
