@@ -5,8 +5,8 @@ PYTHONPATH, written to a temporary folder; nothing of it is in the served code):
 sent (stamped as the send begins) or received (stamped once it is in), and a few stage entries (the
 frontend's body parse and answer encoding, the worker scheduler's intake, launch, step end and answer),
 are logged with time.monotonic_ns, which on Linux is one clock for every process of the host. Then
-sequential token-id requests go to /v1/embeddings, and each request's events are lined up into one
-timeline: p50 / p90 µs of every segment, per length.
+sequential token-id requests (with --texts, texts of as many tokens) go to /v1/embeddings, and each
+request's events are lined up into one timeline: p50 / p90 µs of every segment, per length.
 
 With --detail the frontend's and the worker's calls on the path are stamped too (entry `>`, return `<`:
 the prologue, parse, check and chunking of the request, the response's write; the worker's decode,
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--texts", action="store_true",
                         help="send a text of each length (real English, bench/corpus.py) instead of token ids")
     parser.add_argument("--detail", action="store_true",
-                        help="also stamp the worker's link and scheduler calls between a chunk's arrival and its launch")
+                        help="also stamp the frontend's and the worker's calls on the path (see the module's docstring)")
     args = parser.parse_args(argv)
     if args.quick:
         args.device, args.model, args.lengths, args.requests = "cpu", "", [32], 20
