@@ -266,7 +266,7 @@ class Scheduler:
     def finish(self, flight: InFlightBatch) -> None:
         """Wait for a launched batch, copy its rows into their chunks, answer the finished chunks."""
         try:
-            rows = flight.lazy.wait(copy=False)  # read in place: _scatter copies each row to its chunk
+            rows = flight.lazy.wait(copy=False)  # read in place: _scatter copies the rows to their chunks
             self._count_busy(flight)
         except BaseException:
             flight.lazy.release()
@@ -293,14 +293,20 @@ class Scheduler:
         if flight.refs and flight.refs[0].job.row_kind:
             self._scatter_tokens(rows, flight)
             return
-        for i, ref in enumerate(flight.refs):
-            job = ref.job
-            if job.closed:
-                continue
-            if job.values is None:
-                job.values = np.empty((job.chunk.num_seqs, rows.shape[1]), dtype=np.float32)
-            job.values[ref.row] = rows[i]
-            job.rows_left -= 1
+        # A step's rows of one chunk are mostly consecutive: each such run is copied as one slice.
+        refs = flight.refs
+        start = 0
+        while start < len(refs):
+            job, first_row = refs[start].job, refs[start].row
+            end = start + 1
+            while end < len(refs) and refs[end].job is job and refs[end].row == first_row + end - start:
+                end += 1
+            if not job.closed:
+                if job.values is None:
+                    job.values = np.empty((job.chunk.num_seqs, rows.shape[1]), dtype=np.float32)
+                job.values[first_row:first_row + end - start] = rows[start:end]
+                job.rows_left -= end - start
+            start = end
 
     @staticmethod
     def _scatter_tokens(rows: np.ndarray, flight: InFlightBatch) -> None:

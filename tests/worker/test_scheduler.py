@@ -155,6 +155,26 @@ def test_an_out_of_memory_step_is_retried_in_halves_and_every_row_stays_on_its_s
         np.testing.assert_allclose(results[chunk.chunk_id].values, _expected(engine, chunk), atol=1e-4)
 
 
+def test_each_row_of_a_step_reaches_its_own_sequence_whatever_the_order_of_the_step(engine: Engine) -> None:
+    """Runs of consecutive rows are copied as one slice: interleaved chunks, a gap, and rows out of
+    order must still land on their own sequences."""
+    sent: list[Message] = []
+    scheduler = _scheduler(engine, sent, tokens=512)
+    chunks = [_chunk("x", [9, 21, 5, 14], seed=3), _chunk("y", [17, 6], seed=4)]
+    for chunk in chunks:
+        scheduler.accept(chunk)
+    _, planned = scheduler.next_batch() or (None, [])
+    assert [(ref.job.chunk.chunk_id, ref.row) for ref in planned] == [("x", 0), ("x", 1), ("x", 2), ("x", 3),
+                                                                     ("y", 0), ("y", 1)]
+    refs = [planned[i] for i in (0, 2, 5, 1, 3, 4)]  # x0 x2 y1 x1 x3 y0
+    batch = Batch.gather([(ref.job.chunk.ids, ref.row) for ref in refs], normalize=np.ones(len(refs), dtype=bool))
+    scheduler.finish(scheduler.launch(batch, refs))
+    results = {m.chunk_id: m for m in sent if isinstance(m, Result)}
+    assert sorted(results) == ["x", "y"]
+    for chunk in chunks:
+        np.testing.assert_allclose(results[chunk.chunk_id].values, _expected(engine, chunk), atol=1e-4)
+
+
 def test_a_step_that_keeps_failing_fails_only_its_own_chunks(engine: Engine) -> None:
     sent: list[Message] = []
     scheduler = _scheduler(FaultyEngine(engine, {"oom_over_tokens": 10}), sent)
