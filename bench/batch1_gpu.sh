@@ -5,7 +5,8 @@
 # of this tree and, with BASE set, of the tree unpacked from the tar file BASE (`git archive REV -o FILE`),
 # both on the GPU at once. On the first shape this tree's fresh server first runs the concurrency
 # benchmark (single 512-token texts, LEVELS clients × CLIENT_REQUESTS requests; its first run is the
-# server's first traffic), then bench/floor.py measures each server in turn for ROUNDS rounds (token ids on
+# server's first traffic), then bench/floor.py measures each server in turn for ROUNDS rounds, the order
+# reversed every other round so that a host's drift falls on both trees alike (token ids on
 # /v1/embeddings and /embed, a text of each length; the floors of the run). The worker's graph, step and
 # busy counters are printed before and after the traffic. A round or shape that would not finish before
 # DEADLINE seconds is left out. Writes batch1.txt (every table) and the JSON files to $OUT.
@@ -72,7 +73,9 @@ for shape_index in "${!shapes[@]}"; do
   fi
   for round in $(seq "$ROUNDS"); do
     if [ "$round" -gt 1 ] && [ "$SECONDS" -gt $((DEADLINE - 120 * ${#trees[@]})) ]; then break; fi
-    for tree in "${trees[@]}"; do
+    order=("${trees[@]}")
+    if [ $((round % 2)) = 0 ]; then mapfile -t order < <(printf '%s\n' "${trees[@]}" | tac); fi
+    for tree in "${order[@]}"; do
       say "### floor, $shape, $tree tree, round $round (${SECONDS} s)"
       timeout 150 python3 -m quiver.bench.floor --url "http://127.0.0.1:${port[$tree]}" --server-pid "${pid[$tree]}" \
         --model "$ckpt" --device "$DEVICE" --lengths "$LENGTHS" --requests "$REQUESTS" --modes blocking \
