@@ -132,7 +132,7 @@ class Broker:
                     self._dispatch_queued()
                 if self.gauges_due is None:
                     self.gauges_due = now + GAUGE_INTERVAL_S
-            elif now < wake_at:
+            elif monotonic() < wake_at:  # the clock read after the poll: the one before it was always early
                 spin_core.spin_turn()
                 continue  # an empty spin: nothing to do until a message, the next heartbeat or the gauges
             now = monotonic()

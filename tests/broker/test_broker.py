@@ -214,7 +214,8 @@ def test_a_chunk_that_waited_in_the_queue_carries_the_time_it_has_left(broker):
 
 def test_an_idle_broker_sleeps_between_its_heartbeats():
     """Waiting for its next heartbeat, the broker sleeps the whole time: it does not poll without sleeping
-    through the last millisecond before each one (a busy loop of a tenth of a core at this interval)."""
+    through the last millisecond before each one (a busy loop of a tenth of a core at this interval, on top
+    of the 1.5-5.5 % that waking 100 times a second costs on a 2-core machine, idle or under a test run)."""
     cluster = Cluster(workers=0, heartbeat_interval_s=0.01)
     broker_process = cluster.start_broker()
     ctx = zmq.Context()
@@ -223,9 +224,9 @@ def test_an_idle_broker_sleeps_between_its_heartbeats():
         time.sleep(0.5)
         assert broker_process.popen is not None
         started = cpu_seconds(broker_process.popen.pid)
-        time.sleep(2.0)
-        share = (cpu_seconds(broker_process.popen.pid) - started) / 2.0
-        assert share < 0.05, f"the idle broker took {share:.1%} of a core"
+        time.sleep(3.0)
+        share = (cpu_seconds(broker_process.popen.pid) - started) / 3.0
+        assert share < 0.08, f"the idle broker took {share:.1%} of a core"
     finally:
         ctx.destroy(linger=0)
         cluster.stop()
