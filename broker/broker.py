@@ -19,11 +19,9 @@ What is built anew is small: a CHUNK's header when its timeout or attempt change
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import secrets
-import signal
 import time
 from typing import Any, Callable
 
@@ -33,14 +31,13 @@ from quiver.broker import metrics, wire
 from quiver.broker.dispatch import Dispatcher, PendingChunk, QueueFull, WorkerState
 from quiver.broker.model_guard import ModelGuard
 from quiver.common.config import BrokerSettings
-from quiver.common.heap import freeze_startup_heap
 from quiver.common.metrics import Children
 from quiver.common.protocol import (
     PROTOCOL_VERSION, Cancel, Disconnect, Error, ErrorCode, Heartbeat, Message, MsgType, ProtocolError, Ready,
-    PER_TOKEN_TASKS, Reconnect, Routed, TASK_TOKENS,
+    Reconnect, Routed,
 )
 from quiver.common.security import (
-    FRONTEND_DOMAIN, WORKER_DOMAIN, SecurityError, check_exposure, cluster_secret, secret_matches, server_from,
+    FRONTEND_DOMAIN, WORKER_DOMAIN, check_exposure, cluster_secret, secret_matches, server_from,
 )
 from quiver.common.transport import make_socket, recv_frames, send, send_frames
 from quiver.common.wakeups import SpinCore
@@ -56,8 +53,6 @@ BURST = 16
 # The gauges (queue depth, chunks and tokens in flight per worker) are set at most this often after a
 # change, not on every turn of the loop: with many workers that was most of the loop's per-message work.
 GAUGE_INTERVAL_S = 0.05
-# Allocations between collections of the youngest generation (Python's default: 700).
-GC_YOUNG_THRESHOLD = 7000
 
 
 class Broker:
@@ -377,15 +372,12 @@ class Broker:
                                      "for chunk %s from worker %s, which was not given it", chunk_id, worker.name)
             return
         if type(message) is Routed:
-            header = message.header
-            if not _has_pooled_shape(header, chunk, worker):
-                for reason, got, expected in (("rows", header["num_seqs"], chunk.num_seqs),
-                                              *_row_checks(header, chunk, worker),
-                                              ("dtype", header.get("dtype", "float32"), worker.output_dtype)):
-                    if got != expected:
-                        self.refusals.refuse("RESULT", reason, "for chunk %s from worker %s: %s %r where %r is due",
-                                             chunk_id, worker.name, reason, got, expected)
-                        return
+            fault = wire.result_fault(message.header, chunk, worker)
+            if fault is not None:
+                reason, got, expected = fault
+                self.refusals.refuse("RESULT", reason, "for chunk %s from worker %s: %s %r where %r is due",
+                                     chunk_id, worker.name, reason, got, expected)
+                return
             self.dispatcher.complete(chunk.chunk_id)
             # Forwarded as received: the header and the values frame are the worker's own buffers.
             self._answer(chunk, message.frames)
@@ -485,56 +477,5 @@ class Broker:
             metrics.INFLIGHT_TOKENS.labels(worker.name).set(worker.outstanding_tokens)
 
 
-def _has_pooled_shape(header: dict[str, Any], chunk: PendingChunk, worker: WorkerState) -> bool:
-    """Whether a result is what most are: the pooled rows its chunk and worker imply (one of the worker's
-    output width and dtype per sequence, dense). False says only that _row_checks must look closer."""
-    return (header["num_seqs"] == chunk.num_seqs and header["dim"] == worker.output_dim
-            and chunk.task not in PER_TOKEN_TASKS and "num_rows" not in header
-            and header.get("dtype", "float32") == worker.output_dtype)
-
-
-def _row_checks(header: dict[str, Any], chunk: PendingChunk, worker: WorkerState) -> list[tuple[str, Any, Any]]:
-    """What a result's shape must be for its chunk: one row of the worker's output width per sequence,
-    or for a TASK_TOKENS chunk one row of its token width per token, for a TASK_LEXICAL one one number per
-    token."""
-    if chunk.task not in PER_TOKEN_TASKS:
-        return [("token_rows", header.get("num_rows"), None), ("dim", header["dim"], worker.output_dim)]
-    return [("sparse", header.get("nnz"), None), ("token_rows", header.get("num_rows"), chunk.num_tokens),
-            ("dim", header["dim"], worker.token_dim if chunk.task == TASK_TOKENS else 1)]
-
-
 def _type_name(message: Message | Routed) -> str:
     return message.type.name if isinstance(message, Routed) else message.TYPE.name
-
-
-def run_broker(settings: BrokerSettings) -> int:
-    """Entry point of `quiver broker`: bind, serve until SIGINT/SIGTERM, exit 0."""
-    from quiver.common import sdnotify
-    from quiver.common.metrics import serve_metrics
-
-    try:
-        broker = Broker(settings)
-    except zmq.ZMQError as exc:
-        log.error("broker cannot bind its endpoints (%s, %s): %s",
-                  settings.frontend_endpoint, settings.worker_endpoint, exc)
-        return 1
-    except SecurityError as exc:
-        log.error("broker refuses to start: %s", exc)
-        return 1
-    serve_metrics(settings.metrics_port, settings.metrics_host)
-
-    def stop(signum: int, frame: object) -> None:
-        sdnotify.stopping()
-        broker.stop(signum, frame)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    metrics.loop_tick.watchdog = sdnotify.Watchdog.from_environment()
-    # The loop makes short-lived objects and no reference cycles: what start-up made is set aside, never
-    # rescanned, and the youngest generation is collected a tenth as often.
-    freeze_startup_heap()
-    gc.set_threshold(GC_YOUNG_THRESHOLD)
-    sdnotify.ready(f"frontends on {settings.frontend_endpoint}, workers on {settings.worker_endpoint}")
-    broker.run()
-    log.info("broker stopped")
-    return 0

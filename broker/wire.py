@@ -1,4 +1,5 @@
-"""What the broker reads of each message: its sender's identity and the message, CHUNK and RESULT unread.
+"""What the broker reads of each message: its sender's identity and the message, CHUNK and RESULT unread;
+and whether a RESULT has the shape its chunk and worker imply (`result_fault`).
 
 `read` gives what `protocol.split_identity` and `protocol.peek` give, with the same checks. A CHUNK or
 a dense RESULT, nearly every message under load, is checked in one pass here (the same msgpack limits,
@@ -16,8 +17,10 @@ from typing import Any
 import msgpack
 import zmq
 
+from quiver.broker.dispatch import PendingChunk, WorkerState
 from quiver.common.protocol import (
-    MAX_HEADER_BYTES, MAX_TEXT_CHARS, RESULT_DTYPES, Chunk, Message, MsgType, Result, Routed, peek, split_identity,
+    MAX_HEADER_BYTES, MAX_TEXT_CHARS, PER_TOKEN_TASKS, RESULT_DTYPES, TASK_TOKENS, Chunk, Message, MsgType, Result,
+    Routed, peek, split_identity,
 )
 
 # The type frames of the messages read here, each with the fields its header may hold.
@@ -65,3 +68,23 @@ def _array_lengths_match(msg_type: MsgType, header: dict[str, Any], frames: list
         return False
     values_bytes = header["num_seqs"] * header["dim"] * RESULT_DTYPES[header.get("dtype", "float32")].itemsize
     return len(frames) == _RESULT_FRAMES and len(frames[3]) == values_bytes
+
+
+def result_fault(header: dict[str, Any], chunk: PendingChunk, worker: WorkerState) -> tuple[str, Any, Any] | None:
+    """What is wrong with a RESULT's shape for its chunk, as (reason, what it says, what is due), or None.
+    Due: one row of the worker's output width and dtype per sequence, dense; for a TASK_TOKENS chunk one
+    row of the worker's token width per token, for a TASK_LEXICAL one one number per token."""
+    dtype = header.get("dtype", "float32")
+    if chunk.task not in PER_TOKEN_TASKS:
+        if (header["num_seqs"] == chunk.num_seqs and header["dim"] == worker.output_dim
+                and "num_rows" not in header and dtype == worker.output_dtype):
+            return None  # what nearly every result is, told in one test
+        rows = [("token_rows", header.get("num_rows"), None), ("dim", header["dim"], worker.output_dim)]
+    else:
+        rows = [("sparse", header.get("nnz"), None), ("token_rows", header.get("num_rows"), chunk.num_tokens),
+                ("dim", header["dim"], worker.token_dim if chunk.task == TASK_TOKENS else 1)]
+    for reason, got, expected in (("rows", header["num_seqs"], chunk.num_seqs), *rows,
+                                  ("dtype", dtype, worker.output_dtype)):
+        if got != expected:
+            return reason, got, expected
+    return None

@@ -21,7 +21,7 @@ from quiver.common.version import __version__
 
 
 def _broker(args: argparse.Namespace) -> int:
-    from quiver.broker.broker import run_broker
+    from quiver.broker.main import run_broker
 
     settings = from_namespace(BrokerSettings, args)
     setup_logging(settings.log_level, "broker")

@@ -28,7 +28,7 @@ ALLOWED = {
 # What each role's process imports first (quiver/cli.py's handlers); none of it may need torch.
 TORCHLESS_ENTRIES = {
     "frontend": ["quiver.frontend.app", "quiver.frontend.server"],
-    "broker": ["quiver.broker.broker"],
+    "broker": ["quiver.broker.main"],
 }
 
 

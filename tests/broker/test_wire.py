@@ -1,5 +1,5 @@
 """broker.wire.read against protocol.split_identity + protocol.peek: the same messages accepted, the
-same ones refused."""
+same ones refused; and broker.wire.result_fault, the shape a RESULT must have for its chunk and worker."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import zmq
 
-from quiver.broker.wire import read
-from quiver.common.protocol import Chunk, Heartbeat, ProtocolError, Result, peek, split_identity
+from quiver.broker.dispatch import PendingChunk, WorkerState
+from quiver.broker.wire import read, result_fault
+from quiver.common.protocol import TASKS, Chunk, Heartbeat, ProtocolError, Result, Routed, peek, split_identity
 
 IDENTITY = b"peer-identity"
 
@@ -86,3 +87,37 @@ def test_a_malformed_message_is_refused_as_peek_refuses_it(frames):
 def test_a_message_with_no_more_than_an_identity_and_a_type_is_refused():
     with pytest.raises(ProtocolError):
         read([zmq.Frame(IDENTITY), zmq.Frame(b"\x06")])
+
+
+def _pending(task: str, seqs: int = 2, tokens: int = 6) -> PendingChunk:
+    message = Chunk(chunk_id="c", task=task, num_seqs=seqs, num_tokens=tokens, normalize=True, timeout_s=5.0,
+                    input_ids=np.zeros(tokens, dtype=np.int32),
+                    seq_lens=np.full(seqs, tokens // seqs, dtype=np.int32))
+    routed = peek([bytes(f) for f in message.encode()])
+    assert isinstance(routed, Routed)
+    return PendingChunk(message=routed, frontends=[b"f"], deadline=10.0)
+
+
+_WORKER = WorkerState(identity=b"w", name="w", device="cpu", capacity_tokens=100, tasks=frozenset(TASKS),
+                      expiry=10.0, output_dim=4, output_dtype="float16", token_dim=3)
+
+
+@pytest.mark.parametrize("task, header, fault", [
+    ("embed", dict(num_seqs=2, dim=4, dtype="float16"), None),
+    ("score", dict(num_seqs=2, dim=4, dtype="float16"), None),
+    ("embed", dict(num_seqs=3, dim=4, dtype="float16"), ("rows", 3, 2)),
+    ("embed", dict(num_seqs=2, dim=5, dtype="float16"), ("dim", 5, 4)),
+    ("embed", dict(num_seqs=2, dim=4), ("dtype", "float32", "float16")),
+    ("embed", dict(num_seqs=2, dim=4, dtype="float16", num_rows=6), ("token_rows", 6, None)),
+    ("tokens", dict(num_seqs=2, dim=3, dtype="float16", num_rows=6), None),
+    ("tokens", dict(num_seqs=2, dim=4, dtype="float16", num_rows=6), ("dim", 4, 3)),
+    ("tokens", dict(num_seqs=2, dim=3, dtype="float16", num_rows=5), ("token_rows", 5, 6)),
+    ("tokens", dict(num_seqs=2, dim=3, dtype="float16"), ("token_rows", None, 6)),
+    ("tokens", dict(num_seqs=2, dim=3, dtype="float16", num_rows=6, nnz=4), ("sparse", 4, None)),
+    ("lexical", dict(num_seqs=2, dim=1, dtype="float16", num_rows=6), None),
+    ("lexical", dict(num_seqs=2, dim=3, dtype="float16", num_rows=6), ("dim", 3, 1)),
+])
+def test_a_result_has_the_shape_its_chunk_and_worker_imply(task, header, fault):
+    """One pooled row of the worker's width and dtype per sequence; for a tokens chunk one row of the
+    worker's token width per token; for a lexical one one number per token; the first fault is named."""
+    assert result_fault({"chunk_id": "c", **header}, _pending(task), _WORKER) == fault

@@ -117,7 +117,7 @@ def test_malformed_endpoint_exits_2():
 
 def test_no_role_loads_opentelemetry_without_an_endpoint():
     out = _run("import sys\n"
-               "import quiver.cli, quiver.frontend.app, quiver.frontend.server, quiver.broker.broker, quiver.worker.main\n"
+               "import quiver.cli, quiver.frontend.app, quiver.frontend.server, quiver.broker.main, quiver.worker.main\n"
                "from quiver.common.config import FrontendSettings\n"
                "from quiver.frontend.app import create_app\n"
                "create_app(FrontendSettings())\n"
