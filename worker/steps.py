@@ -4,7 +4,7 @@ launched step (InFlightBatch)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
@@ -60,15 +60,14 @@ class ChunkJob:
     inference_s: float = 0.0
     closed: bool = False  # answered, failed or cancelled: its remaining sequences are skipped
     steps: int = 0  # steps that ran some of its sequences
+    # Read of every waiting job in every plan, so set once: whether it is bulk work, and what a step of its
+    # rows gives: pooled rows (""), or its task's kind of token rows.
+    background: bool = field(init=False)
+    row_kind: str = field(init=False)
 
-    @property
-    def background(self) -> bool:
-        return self.chunk.priority != PRIORITY_ONLINE
-
-    @property
-    def row_kind(self) -> str:
-        """What a step of this chunk's rows gives: pooled rows (""), or its task's kind of token rows."""
-        return self.chunk.task if self.chunk.task in PER_TOKEN_TASKS else ""
+    def __post_init__(self) -> None:
+        self.background = self.chunk.priority != PRIORITY_ONLINE
+        self.row_kind = self.chunk.task if self.chunk.task in PER_TOKEN_TASKS else ""
 
 
 @dataclass(eq=False)

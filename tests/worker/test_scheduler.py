@@ -316,6 +316,58 @@ def test_only_a_step_no_later_arrival_could_join_is_taken_when_closed_only(engin
     assert picked is not None and [ref.job.chunk.chunk_id for ref in picked[1]] == ["bulk", "bulk"]
 
 
+def test_arrivals_too_few_to_close_a_step_are_not_planned_and_every_step_stays_the_same(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a step runs, each arrival asks for a closed step; while fewer rows or tokens wait than a closed
+    step holds, the scheduler answers None without planning. Against a scheduler that plans every time, on
+    random arrivals (lengths, priorities, budgets, caps, a clock that moves, cancels, whole plans between):
+    the same steps, in the same order, to the last row."""
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    rng = np.random.default_rng(5)
+    spared = 0
+
+    def steps(bound_check: bool, case: dict) -> list:
+        nonlocal spared
+        scheduler = Scheduler(engine, send=lambda message: None, worker_name="test", max_batch_tokens=case["tokens"],
+                              max_batch_seqs=case["seqs"], shared_step_tokens=case["shared"])
+        could_close = scheduler._could_close
+        if bound_check:
+            def counted() -> bool:
+                nonlocal spared
+                answer = could_close()
+                spared += not answer
+                return answer
+            scheduler._could_close = counted  # type: ignore[method-assign]
+        else:
+            scheduler._could_close = lambda: True  # type: ignore[method-assign]
+        clock[0] = 1000.0
+        taken = []
+        for index, (lens, priority, advance, action) in enumerate(case["arrivals"]):
+            clock[0] += advance
+            chunk = _chunk(f"c{index}", lens, seed=index)
+            chunk.priority = priority
+            scheduler.accept(chunk)
+            if action == "cancel":
+                scheduler.accept(Cancel(chunk_id=f"c{index // 2}"))
+            picked = scheduler.next_batch(closed_only=action != "plan")
+            if picked is not None:
+                taken.append([(ref.job.chunk.chunk_id, ref.row) for ref in picked[1]])
+        while (picked := scheduler.next_batch()) is not None:
+            clock[0] += 0.01
+            taken.append([(ref.job.chunk.chunk_id, ref.row) for ref in picked[1]])
+        return taken
+
+    for _ in range(150):
+        arrivals = [(rng.integers(1, 40, size=int(rng.integers(1, 5))).tolist(),
+                     PRIORITY_BACKGROUND if rng.random() < 0.25 else 0, float(rng.choice([0.0, 0.01, 0.2, 3.0])),
+                     rng.choice(["closed", "closed", "closed", "plan", "cancel"])) for _ in range(int(rng.integers(1, 25)))]
+        case = {"arrivals": arrivals, "tokens": int(rng.integers(40, 300)), "seqs": int(rng.integers(2, 16)),
+                "shared": int(rng.integers(20, 200))}
+        assert steps(True, case) == steps(False, case), case
+    assert spared > 100  # the bound check spared plans, not only let them through
+
+
 def _serve(scheduler: Scheduler, faulty: FaultyEngine, sent: list[Message], first: Chunk,
            later: Chunk) -> dict[str, Result]:
     """`first` waiting when the loop starts, `later` sent once `first`'s step is on the device; the answers."""
