@@ -127,10 +127,10 @@ class Broker:
                     self._dispatch_queued()
                 if self.gauges_due is None:
                     self.gauges_due = now + GAUGE_INTERVAL_S
-            elif monotonic() < wake_at:  # the clock read after the poll: the one before it was always early
+            now = monotonic()  # after the poll: the reading before it is early whenever the poll waited
+            if not events and now < wake_at:
                 spin_core.spin_turn()
                 continue  # an empty spin: nothing to do until a message, the next heartbeat or the gauges
-            now = monotonic()
             if now >= self.next_heartbeat:
                 self._heartbeat_workers(now)
                 self._expire_queued(now)

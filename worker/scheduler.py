@@ -99,7 +99,8 @@ class Scheduler:
         self.shared_step_tokens = (shared_step_tokens or DEFAULT_SHARED_STEP_TOKENS.get(device_type, 0)
                                    or max_batch_tokens)
         self.online_seen = float("-inf")  # when an online chunk last arrived or waited
-        self.background_moved = time.monotonic()  # when background rows last went into a step, or none waited
+        # When the waiting background rows last moved: into a step, or into a queue that held none (accept).
+        self.background_moved = time.monotonic()
         model = engine.info.model
         type_vocab_size = int(model.config.get("type_vocab_size", 1) or 1) if model.uses_token_types else None
         self.limits = RaggedLimits(vocab_size=model.vocab_size, max_length=model.max_input_length,
@@ -133,7 +134,7 @@ class Scheduler:
         if not job.background:
             self.online_seen = now
         elif not any(waiting.background and not waiting.closed for waiting in self.waiting):
-            self.background_moved = now  # none waited until now (a plan spared by _could_close did not look)
+            self.background_moved = now  # the first to wait: background work waits from now
         self.jobs[message.chunk_id] = job
         self.waiting.append(job)
         self.waiting_seqs += message.num_seqs
@@ -155,12 +156,11 @@ class Scheduler:
 
         closed_only: take them only if no chunk arriving later could join the step (see closed()); else
         None, and nothing is taken."""
-        now = time.monotonic()
         if not self.waiting:  # the usual case right after a step: nothing to plan
-            self.background_moved = now
             return None
         if closed_only and not self._could_close():
             return None
+        now = time.monotonic()
         if len(self.waiting) == 1 and not closed_only:
             whole = self._whole_chunk(self.waiting[0], now)
             if whole is not None:
@@ -171,8 +171,6 @@ class Scheduler:
         online_waits = any(not job.closed for job in online)
         if online_waits:
             self.online_seen = now
-        if not any(job.background and not job.closed for job in self.waiting):
-            self.background_moved = now
         if online_waits and now - self.background_moved < BACKGROUND_MAX_WAIT_S:
             background_cap = 0  # this step is online work's alone
         elif now - self.online_seen < ONLINE_RECENT_S:
@@ -238,7 +236,7 @@ class Scheduler:
                 or chunk.num_seqs > self.max_batch_seqs
                 or (chunk.num_tokens > self.max_batch_tokens and chunk.num_seqs > 1)):
             return None
-        self.online_seen = self.background_moved = now
+        self.online_seen = now
         job.next_row = chunk.num_seqs
         if job.started is None:
             job.started = now

@@ -11,10 +11,11 @@ from quiver.common.protocol import PRIORITY_BACKGROUND, PRIORITY_ONLINE, Chunk, 
 
 
 def pending(chunk_id: str, tokens: int = 10, task: str = "embed", deadline: float = 100.0,
-            frontend: bytes = b"f", model: str = "", priority: int = PRIORITY_ONLINE) -> PendingChunk:
-    message = Chunk(chunk_id=chunk_id, task=task, num_seqs=1, num_tokens=tokens, normalize=True, timeout_s=5.0,
+            frontend: bytes = b"f", model: str = "", priority: int = PRIORITY_ONLINE, seqs: int = 1) -> PendingChunk:
+    """A chunk as the broker holds it: `seqs` sequences of equal length sharing `tokens` (a multiple)."""
+    message = Chunk(chunk_id=chunk_id, task=task, num_seqs=seqs, num_tokens=tokens, normalize=True, timeout_s=5.0,
                     model=model, priority=priority, input_ids=np.zeros(tokens, dtype=np.int32),
-                    seq_lens=np.array([tokens], dtype=np.int32))
+                    seq_lens=np.full(seqs, tokens // seqs, dtype=np.int32))
     routed = peek([bytes(f) for f in message.encode()])
     assert isinstance(routed, Routed)
     return PendingChunk(message=routed, frontends=[frontend], deadline=deadline)

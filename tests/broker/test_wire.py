@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import zmq
 
-from quiver.broker.dispatch import PendingChunk, WorkerState
+from quiver.broker.dispatch import WorkerState
 from quiver.broker.wire import read, result_fault
-from quiver.common.protocol import TASKS, Chunk, Heartbeat, ProtocolError, Result, Routed, peek, split_identity
+from quiver.common.protocol import TASKS, Chunk, Heartbeat, ProtocolError, Result, peek, split_identity
+from tests.broker.test_dispatch import pending
 
 IDENTITY = b"peer-identity"
 
@@ -89,15 +90,6 @@ def test_a_message_with_no_more_than_an_identity_and_a_type_is_refused():
         read([zmq.Frame(IDENTITY), zmq.Frame(b"\x06")])
 
 
-def _pending(task: str, seqs: int = 2, tokens: int = 6) -> PendingChunk:
-    message = Chunk(chunk_id="c", task=task, num_seqs=seqs, num_tokens=tokens, normalize=True, timeout_s=5.0,
-                    input_ids=np.zeros(tokens, dtype=np.int32),
-                    seq_lens=np.full(seqs, tokens // seqs, dtype=np.int32))
-    routed = peek([bytes(f) for f in message.encode()])
-    assert isinstance(routed, Routed)
-    return PendingChunk(message=routed, frontends=[b"f"], deadline=10.0)
-
-
 _WORKER = WorkerState(identity=b"w", name="w", device="cpu", capacity_tokens=100, tasks=frozenset(TASKS),
                       expiry=10.0, output_dim=4, output_dtype="float16", token_dim=3)
 
@@ -120,4 +112,4 @@ _WORKER = WorkerState(identity=b"w", name="w", device="cpu", capacity_tokens=100
 def test_a_result_has_the_shape_its_chunk_and_worker_imply(task, header, fault):
     """One pooled row of the worker's width and dtype per sequence; for a tokens chunk one row of the
     worker's token width per token; for a lexical one one number per token; the first fault is named."""
-    assert result_fault({"chunk_id": "c", **header}, _pending(task), _WORKER) == fault
+    assert result_fault({"chunk_id": "c", **header}, pending("c", tokens=6, task=task, seqs=2), _WORKER) == fault
