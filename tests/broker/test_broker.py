@@ -230,3 +230,36 @@ def test_an_idle_broker_sleeps_between_its_heartbeats():
     finally:
         ctx.destroy(linger=0)
         cluster.stop()
+
+
+def test_an_idle_broker_polls_once_per_heartbeat(monkeypatch, tmp_path):
+    """A poll that waited until the next heartbeat is followed by the heartbeat, not by a second poll
+    (the loop once compared the clock read before the poll with the deadline, found it early, and polled
+    again at once: two polls per wake)."""
+    from quiver.broker import broker as broker_module
+    from quiver.common.config import BrokerSettings
+
+    polls = 0
+
+    class CountingPoller(zmq.Poller):
+        def poll(self, timeout=None):  # type: ignore[no-untyped-def]
+            nonlocal polls
+            polls += 1
+            return super().poll(timeout)
+
+    monkeypatch.setattr(broker_module.zmq, "Poller", CountingPoller)
+    idle = broker_module.Broker(BrokerSettings(frontend_endpoint=f"ipc://{tmp_path}/f", worker_endpoint=f"ipc://{tmp_path}/w",
+                                               heartbeat_interval_s=0.01), ctx=zmq.Context())
+    beats = 0
+    heartbeat_workers = idle._heartbeat_workers
+
+    def counted(now: float) -> None:
+        nonlocal beats
+        beats += 1
+        if beats == 50:
+            idle.stop()
+        heartbeat_workers(now)
+
+    idle._heartbeat_workers = counted  # type: ignore[method-assign]
+    idle.run()
+    assert beats == 50 and polls <= 1.2 * beats, f"{polls} polls for {beats} heartbeats"

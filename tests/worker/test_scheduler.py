@@ -264,6 +264,23 @@ def test_background_rows_that_waited_too_long_join_an_online_step(engine: Engine
     assert [ref.job.chunk.chunk_id for ref in picked[1]] == ["online-4"]  # it moved just now: back to waiting
 
 
+def test_a_bulk_chunk_waits_from_its_arrival_not_from_the_last_background_step(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bulk chunk that arrives when no background work waits starts its wait then: after a quiet spell
+    longer than BACKGROUND_MAX_WAIT_S it still stays out of the online step beside it."""
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    scheduler = Scheduler(engine, send=lambda message: None, worker_name="test", max_batch_tokens=200,
+                          max_batch_seqs=16, background_step_tokens=20)
+    clock[0] += 10 * BACKGROUND_MAX_WAIT_S  # no plan ran in between
+    bulk = _chunk("bulk", [10] * 2, seed=1)
+    bulk.priority = PRIORITY_BACKGROUND
+    scheduler.accept(bulk)
+    scheduler.accept(_chunk("online", [10], seed=2))
+    picked = scheduler.next_batch()
+    assert picked is not None and [ref.job.chunk.chunk_id for ref in picked[1]] == ["online"]
+
+
 def test_a_step_shared_by_several_chunks_stays_within_the_shared_cap_while_one_chunk_may_fill_the_budget(
         engine: Engine) -> None:
     scheduler = Scheduler(engine, send=lambda message: None, worker_name="test", max_batch_tokens=200,
