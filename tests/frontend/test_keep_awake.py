@@ -103,9 +103,10 @@ def test_the_loop_sleeps_instead_of_spinning_while_thread_work_is_in_flight():
         return seen
 
     seen = asyncio.run(scenario())
-    # About one poll per pause (each sleeping up to PAUSE_S), not hundreds without a timeout.
+    # About two polls per pause, not hundreds without a timeout: one sleeping up to PAUSE_S, then one
+    # without a timeout that runs the woken task (so a little under half wait; 43 of 88 on a loaded run).
     assert 5 <= len(seen) <= 0.05 / PAUSE_S * 2 + 5
-    assert sum(1 for t in seen if t is not None and t > 0) >= len(seen) // 2
+    assert sum(1 for t in seen if t is not None and t > 0) >= len(seen) // 3
 
 
 def test_no_window_means_no_task():
