@@ -58,7 +58,14 @@ for shape_index in "${!shapes[@]}"; do
     pid[$tree]=$!
   done
   for tree in "${trees[@]}"; do
-    for _ in $(seq 600); do curl -sf "http://127.0.0.1:${port[$tree]}/health" > /dev/null && break; sleep 1; done
+    for _ in $(seq 600); do
+      curl -sf "http://127.0.0.1:${port[$tree]}/health" > /dev/null && break
+      if ! kill -0 "${pid[$tree]}" 2> /dev/null; then
+        say "## $shape: the $tree tree's server exited before it was ready"; tail -n 20 "$WORK/serve-$shape-$tree.log" | tee -a "$log"
+        kill -TERM "${pid[@]}" 2> /dev/null; wait; exit 1
+      fi
+      sleep 1
+    done
   done
   say "## $shape: servers up after ${SECONDS} s ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "$DEVICE"))"
   say "### the new tree's worker before traffic"; metrics "${metrics_port[new]}"

@@ -19,7 +19,7 @@
 #   log-<N>.txt        this script's output
 #
 # With the device tool: its image lacks some of the server's packages. Fetch them once, here:
-#   ../shared/tools/device-wheels pyzmq starlette uvicorn orjson pydantic pydantic-core annotated-types typing-inspection
+#   ../shared/tools/device-wheels pyzmq starlette uvicorn httptools orjson pydantic pydantic-core annotated-types typing-inspection typing-extensions
 # then run (carry [".whl"]):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; bash bench/run_gpu.sh pplx-embed-0.6b-shape
 set -uo pipefail
