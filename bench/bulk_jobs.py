@@ -45,7 +45,7 @@ from quiver.common.model_info import default_model_dir, load_model_info
 
 CLIENTS = 4
 BATCH = 64
-ONLINE_PAUSE_S = 2.5  # longer than the worker's window of recent online work (worker/scheduler.py)
+ONLINE_PAUSE_S = 2.5  # longer than the worker's window of recent online work (worker/planner.py)
 DISTINCT_BATCH_TEXTS = 512  # batch lines cycle through this many texts (making many long texts is slow)
 
 

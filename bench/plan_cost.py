@@ -57,7 +57,7 @@ def main() -> None:
     def arrivals(n: int, bound_check: bool) -> float:
         scheduler = _scheduler(engine)
         if not bound_check:
-            scheduler._could_close = lambda: True  # type: ignore[method-assign]
+            scheduler.planner._could_close = lambda: True  # type: ignore[method-assign]
         elapsed = 0.0
         for chunk in chunks[n]:
             scheduler.accept(chunk)

@@ -1,6 +1,6 @@
 """The engine's throughput by step size: what a background step's token cap costs a bulk job.
 
-The worker runs one step at a time (worker/scheduler.py), and caps a step's background rows: 512
+The worker runs one step at a time (worker/scheduler.py), and its planner (worker/planner.py) caps a step's background rows: 512
 tokens while online work is about, more when it has been quiet. This measures the engine alone, one
 step at a time as the scheduler runs them, on the bulk benchmark's mix of lengths (log-uniform 8..512
 tokens, or the model's limit), for each cap: tokens/s, texts/s, the step's p50 in ms (how long an online request arriving

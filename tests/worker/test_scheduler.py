@@ -14,7 +14,8 @@ from quiver.common.model_info import default_model_dir
 from quiver.common.protocol import PRIORITY_BACKGROUND, Cancel, Chunk, Error, Message, Result
 from quiver.worker.engine import Batch, Engine, load_engine
 from quiver.worker.faults import FaultyEngine
-from quiver.worker.scheduler import BACKGROUND_MAX_WAIT_S, ONLINE_RECENT_S, Scheduler
+from quiver.worker.planner import BACKGROUND_MAX_WAIT_S, ONLINE_RECENT_S
+from quiver.worker.scheduler import Scheduler
 from quiver.worker.steps import StepEngine
 
 
@@ -61,7 +62,7 @@ def test_a_step_takes_sequences_in_order_up_to_the_token_budget_and_the_sequence
     assert [(ref.job.chunk.chunk_id, ref.row) for ref in refs] == [("b", 0), ("b", 1), ("b", 2)]  # cap of 3
     batch, refs = scheduler.next_batch() or (None, [])
     assert [(ref.job.chunk.chunk_id, ref.row) for ref in refs] == [("a", 2), ("b", 3)]
-    assert scheduler.next_batch() is None and scheduler.waiting_seqs == 0
+    assert scheduler.next_batch() is None and scheduler.planner.waiting_seqs == 0
 
 
 def test_a_sequence_longer_than_the_budget_runs_alone(engine: Engine) -> None:
@@ -85,7 +86,7 @@ def test_a_lone_whole_chunk_is_planned_as_the_general_plan_plans_it(engine: Engi
         nonlocal shortcuts
         sent: list[Message] = []
         scheduler = _scheduler(engine, sent, tokens=case["tokens"], seqs=case["seqs"])
-        whole_chunk = scheduler._whole_chunk
+        whole_chunk = scheduler.planner._whole_chunk
 
         def counted(job, now):  # type: ignore[no-untyped-def]
             nonlocal shortcuts
@@ -93,12 +94,12 @@ def test_a_lone_whole_chunk_is_planned_as_the_general_plan_plans_it(engine: Engi
             shortcuts += made is not None
             return made
 
-        scheduler._whole_chunk = counted if use_shortcut else (lambda job, now: None)  # type: ignore[method-assign]
+        scheduler.planner._whole_chunk = counted if use_shortcut else (lambda job, now: None)  # type: ignore[method-assign]
         chunk = _chunk("c", case["lens"], timeout_s=case["timeout_s"])
         chunk.priority = case["priority"]
         scheduler.accept(chunk)
         if case["taken"]:
-            scheduler.waiting[0].next_row = 1
+            scheduler.planner.waiting[0].next_row = 1
         if case["cancelled"]:
             scheduler.accept(Cancel(chunk_id="c"))
         picked = scheduler.next_batch()
@@ -108,8 +109,8 @@ def test_a_lone_whole_chunk_is_planned_as_the_general_plan_plans_it(engine: Engi
             step = (batch.input_ids.tolist(), batch.seq_lens.tolist(), batch.normalize.tolist(), batch.token_rows,
                     [(ref.job.chunk.chunk_id, ref.row) for ref in refs])
         job = scheduler.jobs.get("c")
-        return (step, scheduler.online_seen, scheduler.background_moved, len(scheduler.waiting),
-                scheduler.waiting_seqs, job and (job.next_row, job.started, job.closed),
+        return (step, scheduler.planner.online_seen, scheduler.planner.background_moved, len(scheduler.planner.waiting),
+                scheduler.planner.waiting_seqs, job and (job.next_row, job.started, job.closed),
                 [(type(m).__name__, getattr(m, "code", None)) for m in sent])
 
     for _ in range(400):
@@ -219,7 +220,7 @@ def test_online_steps_take_no_background_rows_and_background_steps_stay_short_wh
     scheduler.accept(_chunk("online", [10, 10], seed=2))
 
     def step(online_seen_ago: float = 0.0) -> list[tuple[str, int]]:
-        scheduler.online_seen = time.monotonic() - online_seen_ago  # when online work was last seen, whatever the pace
+        scheduler.planner.online_seen = time.monotonic() - online_seen_ago  # when online work was last seen, whatever the pace
         picked = scheduler.next_batch()
         assert picked is not None
         scheduler.finish(scheduler.launch(*picked))
@@ -252,7 +253,7 @@ def test_background_rows_that_waited_too_long_join_an_online_step(engine: Engine
         assert picked is not None
         assert [ref.job.chunk.chunk_id for ref in picked[1]] == [f"online-{n}"]
         scheduler.finish(scheduler.launch(*picked))
-    scheduler.background_moved -= BACKGROUND_MAX_WAIT_S  # the bulk chunk has waited that long
+    scheduler.planner.background_moved -= BACKGROUND_MAX_WAIT_S  # the bulk chunk has waited that long
     scheduler.accept(_chunk("online-3", [10], seed=5))
     picked = scheduler.next_batch()
     assert picked is not None
@@ -316,7 +317,7 @@ def test_only_a_step_no_later_arrival_could_join_is_taken_when_closed_only(engin
                           max_batch_seqs=4, shared_step_tokens=60)
     scheduler.accept(_chunk("short", [20, 20], seed=1))
     assert scheduler.next_batch(closed_only=True) is None  # 40 tokens: a later chunk's row could still join
-    assert scheduler.jobs["short"].next_row == 0 and scheduler.waiting_seqs == 2  # and nothing was taken
+    assert scheduler.jobs["short"].next_row == 0 and scheduler.planner.waiting_seqs == 2  # and nothing was taken
     scheduler.accept(_chunk("more", [20], seed=2))
     picked = scheduler.next_batch(closed_only=True)  # 60 tokens: the shared cap
     assert picked is not None and [ref.job.chunk.chunk_id for ref in picked[1]] == ["short", "short", "more"]
@@ -327,7 +328,7 @@ def test_only_a_step_no_later_arrival_could_join_is_taken_when_closed_only(engin
     bulk.priority = PRIORITY_BACKGROUND
     scheduler.accept(bulk)
     assert scheduler.next_batch() is not None  # "many"'s last two rows
-    scheduler.online_seen -= ONLINE_RECENT_S  # background rows alone: an online arrival would go first
+    scheduler.planner.online_seen -= ONLINE_RECENT_S  # background rows alone: an online arrival would go first
     assert scheduler.next_batch(closed_only=True) is None
     picked = scheduler.next_batch()
     assert picked is not None and [ref.job.chunk.chunk_id for ref in picked[1]] == ["bulk", "bulk"]
@@ -348,16 +349,16 @@ def test_arrivals_too_few_to_close_a_step_are_not_planned_and_every_step_stays_t
         nonlocal spared
         scheduler = Scheduler(engine, send=lambda message: None, worker_name="test", max_batch_tokens=case["tokens"],
                               max_batch_seqs=case["seqs"], shared_step_tokens=case["shared"])
-        could_close = scheduler._could_close
+        could_close = scheduler.planner._could_close
         if bound_check:
             def counted() -> bool:
                 nonlocal spared
                 answer = could_close()
                 spared += not answer
                 return answer
-            scheduler._could_close = counted  # type: ignore[method-assign]
+            scheduler.planner._could_close = counted  # type: ignore[method-assign]
         else:
-            scheduler._could_close = lambda: True  # type: ignore[method-assign]
+            scheduler.planner._could_close = lambda: True  # type: ignore[method-assign]
         clock[0] = 1000.0
         taken = []
         for index, (lens, priority, advance, action) in enumerate(case["arrivals"]):
