@@ -5,12 +5,14 @@
 # One `quiver serve` of the pplx-embed-0.6B stand-in per configuration, sharing the GPU; then, alternating
 # between them for ROUNDS rounds: bench/floor.py (the floors, then the batch-1 overhead over the worker's
 # step at 128 / 512 / 4096 tokens) and the concurrency benchmark of `quiver bench` (quiver.bench.cli:
-# single 512-token texts, 1 / 4 / 16 clients). The servers not being measured sit idle. A configuration is NAME:VAR=VALUE,VAR=VALUE
+# single 512-token texts, 1 / 4 / 16 clients; FLOOR=0 leaves the floor out). The servers not being measured
+# sit idle. A configuration is NAME:VAR=VALUE,VAR=VALUE
 # (QUIVER_* variables of `quiver serve` and its children). LEVELS and CLIENT_REQUESTS set the concurrency
 # benchmark's client counts and requests per client (default 1,4,16 and 100). Writes link-ab.txt (the tables) and
 # link-ab.tar.gz (floor-*.json, concurrency-*.json, the servers' logs) to $OUT.
 #
 #   ROUNDS=2 bash bench/link_ab_gpu.sh thread:QUIVER_LINK_THREAD=on inline:QUIVER_LINK_THREAD=off
+#   FLOOR=0 LEVELS=1,4,8,16 CLIENT_REQUESTS=200 bash bench/link_ab_gpu.sh one:QUIVER_HTTP_PROCESSES=1 two:QUIVER_HTTP_PROCESSES=2
 #   DEVICE=cpu STAND_IN_ARGS=--small REQUESTS=20 ROUNDS=1 bash bench/link_ab_gpu.sh a:QUIVER_LINK_THREAD=on b:QUIVER_LINK_THREAD=off
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +24,7 @@ REQUESTS=${REQUESTS:-200}
 DEVICE=${DEVICE:-cuda}
 LEVELS=${LEVELS:-1,4,16}
 CLIENT_REQUESTS=${CLIENT_REQUESTS:-100}
+FLOOR=${FLOOR:-1}
 configs=("$@")
 [ ${#configs[@]} -gt 0 ] || configs=(thread:QUIVER_LINK_THREAD=on inline:QUIVER_LINK_THREAD=off)
 mkdir -p "$OUT" "$WORK/results"
@@ -44,6 +47,10 @@ done
 for name in "${!port[@]}"; do
   for _ in $(seq 600); do
     python3 -c "import sys, urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:${port[$name]}/health', timeout=2).status != 200)" 2>/dev/null && break
+    if ! kill -0 "${pid[$name]}" 2> /dev/null; then  # exited before it was ready: say why, stop the others
+      echo "## $name: the server exited before it was ready" | tee -a "$log"; tail -n 20 "$WORK/results/serve-$name.log" | tee -a "$log"
+      kill -TERM "${pid[@]}" 2> /dev/null; wait; exit 1
+    fi
     sleep 1
   done
 done
@@ -53,9 +60,11 @@ for round in $(seq "$ROUNDS"); do
   for config in "${configs[@]}"; do
     name=${config%%:*}
     echo "## $config, round $round" | tee -a "$log"
-    python3 -m quiver.bench.floor --url "http://127.0.0.1:${port[$name]}" --server-pid "${pid[$name]}" \
-      --model "$ckpt" --device "$DEVICE" --lengths 128,512,4096 --requests "$REQUESTS" --modes blocking \
-      --json "$WORK/results/floor-$name-$round.json" 2>&1 | tee -a "$log"
+    if [ "$FLOOR" = 1 ]; then
+      python3 -m quiver.bench.floor --url "http://127.0.0.1:${port[$name]}" --server-pid "${pid[$name]}" \
+        --model "$ckpt" --device "$DEVICE" --lengths 128,512,4096 --requests "$REQUESTS" --modes blocking \
+        --json "$WORK/results/floor-$name-$round.json" 2>&1 | tee -a "$log"
+    fi
     bench="$WORK/bench-$name-$round"
     python3 -m quiver.bench.cli --url "http://127.0.0.1:${port[$name]}" --model "$ckpt" --benchmarks concurrency \
       --concurrency-levels "$LEVELS" --concurrency-requests "$CLIENT_REQUESTS" --baselines none --out "$bench" > "$bench.log" 2>&1
