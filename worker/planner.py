@@ -57,7 +57,9 @@ class StepPlanner:
 
     def __init__(self, max_batch_tokens: int, max_batch_seqs: int, device_type: str,
                  expire: Callable[[ChunkJob], None], background_step_tokens: int = 0,
-                 quiet_background_step_tokens: int = 0, shared_step_tokens: int = 0) -> None:
+                 quiet_background_step_tokens: int = 0, shared_step_tokens: int = 0,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.clock = clock or time.monotonic  # or a simulation's clock (bench/sched_sim.py)
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_seqs = max_batch_seqs
         self.expire = expire  # answers a job whose deadline passed while it waited (the planner drops it)
@@ -68,7 +70,7 @@ class StepPlanner:
                                    or max_batch_tokens)
         self.online_seen = float("-inf")  # when an online chunk last arrived or waited
         # When the waiting background rows last moved: into a step, or into a queue that held none (add).
-        self.background_moved = time.monotonic()
+        self.background_moved = self.clock()
         self.waiting: collections.deque[ChunkJob] = collections.deque()  # jobs with rows not yet taken
         self.waiting_seqs = 0
         self.waiting_tokens = 0  # their rows' tokens (cancelled chunks' included until the next plan)
@@ -92,7 +94,7 @@ class StepPlanner:
             return None
         if closed_only and not self._could_close():
             return None
-        now = time.monotonic()
+        now = self.clock()
         if len(self.waiting) == 1 and not closed_only:
             whole = self._whole_chunk(self.waiting[0], now)
             if whole is not None:
