@@ -6,7 +6,8 @@ sent (stamped as the send begins) or received (stamped once it is in), and a few
 frontend's body parse and answer encoding, the worker scheduler's intake, launch, step end and answer),
 are logged with time.monotonic_ns, which on Linux is one clock for every process of the host. Then
 sequential token-id requests (with --texts, texts of as many tokens) go to /v1/embeddings, and each
-request's events are lined up into one timeline: p50 / p90 µs of every segment, per length.
+request's events are lined up into one timeline: p50 / p90 µs of every segment, per length, of the whole
+request, and of the whole request less its step (the path around the engine).
 
 With --detail the frontend's and the worker's calls on the path are stamped too (entry `>`, return `<`:
 the prologue, parse, check and chunking of the request, the response's write; the worker's decode,
@@ -282,6 +283,11 @@ def segments(rows: np.ndarray) -> list[dict[str, Any]]:
     total = (rows[:, -1] - rows[:, 0]) / 1e3
     table.append({"from": "C.start", "to": "C.end", "p50_us": round(float(np.percentile(total, 50)), 1),
                   "p90_us": round(float(np.percentile(total, 90)), 1)})
+    # The path around the engine: each request's whole time less its step (what floor.py calls overhead).
+    outside = total - (rows[:, ORDER.index("W.done")] - rows[:, ORDER.index("W.launch")]) / 1e3
+    table.append({"from": "C.start", "to": "C.end", "label": "the whole request less W.launch → W.done",
+                  "p50_us": round(float(np.percentile(outside, 50)), 1),
+                  "p90_us": round(float(np.percentile(outside, 90)), 1)})
     return table
 
 
@@ -348,7 +354,7 @@ def markdown(result: dict[int, list[dict[str, Any]]]) -> str:
              "| --- |" + " --- |" * len(lengths)]
     for i, row in enumerate(result[lengths[0]]):
         cells = " | ".join(f"{result[n][i]['p50_us']} / {result[n][i]['p90_us']}" for n in lengths)
-        lines.append(f"| {row['from']} → {row['to']} | {cells} |")
+        lines.append(f"| {row.get('label') or row['from'] + ' → ' + row['to']} | {cells} |")
     return "\n".join(lines)
 
 

@@ -24,11 +24,13 @@ def test_hop_trace_quick_lines_up_every_segment_of_a_request(tmp_path: Path, lin
                           env=dict(os.environ, QUIVER_LINK_THREAD=link_thread))
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(out.read_text())["32"]
-    assert [(row["from"], row["to"]) for row in rows[:-1]] == list(zip(ORDER, ORDER[1:]))
+    *hops, whole, outside = rows
+    assert [(row["from"], row["to"]) for row in hops] == list(zip(ORDER, ORDER[1:]))
     assert all(0 < row["p50_us"] <= row["p90_us"] for row in rows)
-    total = rows[-1]["p50_us"]
-    assert max(row["p50_us"] for row in rows[:-1]) < total  # each segment is a part of the whole request
-    assert "| W.launch → W.done |" in done.stdout
+    assert max(row["p50_us"] for row in hops) < whole["p50_us"]  # each segment is a part of the whole request
+    step = next(row["p50_us"] for row in hops if row["from"] == "W.launch")
+    assert 0 < outside["p50_us"] < whole["p50_us"] and outside["p50_us"] == pytest.approx(whole["p50_us"] - step, rel=0.5)
+    assert "| W.launch → W.done |" in done.stdout and "| the whole request less W.launch → W.done |" in done.stdout
 
 
 def test_hop_trace_detail_stamps_each_call_in_the_order_a_request_meets_them(tmp_path: Path) -> None:
@@ -51,7 +53,7 @@ def test_hop_trace_texts_tokenize_each_request_between_its_parse_and_its_chunk(t
                           capture_output=True, text=True, timeout=600, env=dict(os.environ, QUIVER_LINK_THREAD="off"))
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert [(row["from"], row["to"]) for row in result["32"][:-1]] == list(zip(ORDER, ORDER[1:]))
+    assert [(row["from"], row["to"]) for row in result["32"][:-2]] == list(zip(ORDER, ORDER[1:]))
     offsets = {row["stamp"]: row["p50_us"] for row in result["detail"]["32"]}
     assert "F E.check_ids>" not in offsets  # a text, not token ids
     path = ["F F.parse", "F E.encode_sync>", "F E.encode_sync<", "F E.chunks>", "W W.accept", "F F.encode"]
