@@ -28,6 +28,8 @@ LEVELS=${LEVELS:-1,4,8,16,64}
 CLIENT_REQUESTS=${CLIENT_REQUESTS:-200}
 DEADLINE=${DEADLINE:-540}
 mkdir -p "$OUT" "$WORK"
+# shellcheck source=bench/serve_ready.sh
+. bench/serve_ready.sh
 log="$OUT/batch1.txt"
 say() { echo "$*" | tee -a "$log"; }
 trees=(new)
@@ -58,14 +60,10 @@ for shape_index in "${!shapes[@]}"; do
     pid[$tree]=$!
   done
   for tree in "${trees[@]}"; do
-    for _ in $(seq 600); do
-      curl -sf "http://127.0.0.1:${port[$tree]}/health" > /dev/null && break
-      if ! kill -0 "${pid[$tree]}" 2> /dev/null; then
-        say "## $shape: the $tree tree's server exited before it was ready"; tail -n 20 "$WORK/serve-$shape-$tree.log" | tee -a "$log"
-        kill -TERM "${pid[@]}" 2> /dev/null; wait; exit 1
-      fi
-      sleep 1
-    done
+    if ! healthy_within "${pid[$tree]}" "${port[$tree]}" 600; then
+      say "## $shape: the $tree tree's server did not become ready (it exited, or 600 s passed)"; tail -n 20 "$WORK/serve-$shape-$tree.log" | tee -a "$log"
+      kill -TERM "${pid[@]}" 2> /dev/null; wait; exit 1
+    fi
   done
   say "## $shape: servers up after ${SECONDS} s ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "$DEVICE"))"
   say "### the new tree's worker before traffic"; metrics "${metrics_port[new]}"

@@ -41,19 +41,16 @@ $PY -m quiver serve --model "$ckpt" --device "$DEVICE" --port "$PORT" --data-dir
   > "$WORK/serve.log" 2>&1 &
 server=$!
 status=1
-for _ in $(seq 420); do
-  kill -0 "$server" 2>/dev/null || break
-  if $PY -c "import sys, urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:$PORT/health', timeout=2).status != 200)" 2>/dev/null; then
-    echo "server up after $((SECONDS - started)) s" | tee -a "$log"
-    # shellcheck disable=SC2086
-    $PY -m quiver.bench.bulk_jobs --url "http://127.0.0.1:$PORT" --model "$ckpt" --out "$WORK/bench" ${BULK_ARGS:-} 2>&1 \
-      | tee -a "$log"
-    status=${PIPESTATUS[0]}
-    cp "$WORK/bench/results.json" "$OUT/bulk-jobs.json" 2>/dev/null
-    break
-  fi
-  sleep 1
-done
+# shellcheck source=bench/serve_ready.sh
+. bench/serve_ready.sh
+if healthy_within "$server" "$PORT" 420; then
+  echo "server up after $((SECONDS - started)) s" | tee -a "$log"
+  # shellcheck disable=SC2086
+  $PY -m quiver.bench.bulk_jobs --url "http://127.0.0.1:$PORT" --model "$ckpt" --out "$WORK/bench" ${BULK_ARGS:-} 2>&1 \
+    | tee -a "$log"
+  status=${PIPESTATUS[0]}
+  cp "$WORK/bench/results.json" "$OUT/bulk-jobs.json" 2>/dev/null
+fi
 kill -TERM "$server" 2>/dev/null
 wait "$server"
 { echo "----- serve log (end)"; tail -n 60 "$WORK/serve.log"; } >> "$log"

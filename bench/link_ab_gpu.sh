@@ -44,15 +44,13 @@ for config in "${configs[@]}"; do
     > "$WORK/results/serve-$name.log" 2>&1 &
   pid[$name]=$!
 done
+# shellcheck source=bench/serve_ready.sh
+. bench/serve_ready.sh
 for name in "${!port[@]}"; do
-  for _ in $(seq 600); do
-    python3 -c "import sys, urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:${port[$name]}/health', timeout=2).status != 200)" 2>/dev/null && break
-    if ! kill -0 "${pid[$name]}" 2> /dev/null; then  # exited before it was ready: say why, stop the others
-      echo "## $name: the server exited before it was ready" | tee -a "$log"; tail -n 20 "$WORK/results/serve-$name.log" | tee -a "$log"
-      kill -TERM "${pid[@]}" 2> /dev/null; wait; exit 1
-    fi
-    sleep 1
-  done
+  if ! healthy_within "${pid[$name]}" "${port[$name]}" 600; then  # say why, stop the others
+    echo "## $name: the server did not become ready (it exited, or 600 s passed)" | tee -a "$log"; tail -n 20 "$WORK/results/serve-$name.log" | tee -a "$log"
+    kill -TERM "${pid[@]}" 2> /dev/null; wait; exit 1
+  fi
 done
 echo "servers up after ${SECONDS} s" | tee -a "$log"
 python3 -c "import time; print(time.monotonic())" > "$WORK/traffic-since"  # for tools that split by phase

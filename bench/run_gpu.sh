@@ -50,16 +50,8 @@ logged() {  # run a command, its output to the terminal and the log; its own exi
   return "${PIPESTATUS[0]}"
 }
 
-healthy_within() {  # $1: the server's pid, $2: seconds; false as soon as the server has exited
-  local end=$((SECONDS + $2))
-  while [ $SECONDS -lt $end ]; do
-    kill -0 "$1" 2>/dev/null || return 1
-    $PY -c "import sys, urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:$PORT/health', timeout=2).status != 200)" \
-      2>/dev/null && return 0
-    sleep 1
-  done
-  return 1
-}
+# shellcheck source=bench/serve_ready.sh
+. bench/serve_ready.sh
 
 status=0
 for name in "${names[@]}"; do
@@ -73,7 +65,7 @@ for name in "${names[@]}"; do
   # shellcheck disable=SC2086
   $PY -m quiver serve --model "$ckpt" --device "$DEVICE" --port "$PORT" ${SERVE_ARGS:-} > "$result/serve.log" 2>&1 &
   server=$!
-  if healthy_within "$server" 420; then
+  if healthy_within "$server" "$PORT" 420; then
     echo "server up after $((SECONDS - started)) s" | tee -a "$log"
     # shellcheck disable=SC2086
     logged $PY -m quiver.bench.cli --url "http://127.0.0.1:$PORT" --model "$ckpt" --baseline-device "$DEVICE" \
