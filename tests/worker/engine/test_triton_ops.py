@@ -236,3 +236,41 @@ def test_quantize_rows(device: str, width: int) -> None:
             assert (actual != expected).float().mean().item() < 1e-3
         else:
             torch.testing.assert_close(data.float().abs().amax(1), expected_data.float().abs().amax(1))
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tile", [triton_ops.Tile(1, 1), triton_ops.Tile(4, 2), triton_ops.Tile(64, 8)])
+def test_every_tile_gives_the_same_rows(device: str, tile: triton_ops.Tile) -> None:
+    """A launch's rows, heads and warps per program change nothing but speed, also where the token count is
+    not a multiple of the rows per program, or is smaller than it, and where the heads are not a multiple of
+    a program's (9 in groups of 2, 8 and 16). The benchmark's candidates rely on it."""
+    from quiver.worker.engine.layers.rotary import rotary_tables
+
+    generator = torch.Generator().manual_seed(tile.rows)
+    cos_table, sin_table = rotary_tables(64, 4096, 10_000.0, torch.device(device))
+    for tokens in (1, 37):
+        x = _randn(generator, tokens, 256, dtype=torch.bfloat16, device=device, scale=3.0)
+        residual = _randn(generator, tokens, 256, dtype=torch.bfloat16, device=device)
+        weight, bias = (_randn(generator, 256, dtype=torch.bfloat16, device=device) for _ in range(2))
+        for actual, expected in zip(triton_ops.add_rms_norm(x, residual, weight, 1e-6, tile=tile),
+                                    fused.add_rms_norm(x, residual, weight, 1e-6)):
+            _assert_close(actual, expected)
+        _assert_close(triton_ops.rms_norm(x, weight, 1e-6, tile=tile), fused.rms_norm(x, weight, 1e-6))
+        _assert_close(triton_ops.add_layer_norm(x, residual, weight, bias, 1e-5, tile=tile),
+                      fused.add_layer_norm(x, residual, weight, bias, 1e-5))
+        qkv = _randn(generator, tokens, 12 * 64, dtype=torch.bfloat16, device=device, scale=2.0)
+        qk_weight = _randn(generator, 9, 64, dtype=torch.bfloat16, device=device)
+        positions = torch.randint(0, 4096, (tokens,), generator=generator, dtype=torch.int32).to(device)
+        args = (qkv, qk_weight, cos_table, sin_table, positions, 6, 3, 1e-6)
+        for heads_per_program in (2, 8, 16):
+            for actual, expected in zip(triton_ops.qk_norm_rope(*args, heads_per_program=heads_per_program,
+                                                                warps=tile.warps),
+                                        fused.qk_norm_rope(*args)):
+                _assert_close(actual, expected)
+
+
+def test_a_tile_is_powers_of_two() -> None:
+    for rows, warps in ((3, 4), (4, 3), (0, 4), (4, 64)):
+        with pytest.raises(ValueError, match="powers of two"):
+            triton_ops.Tile(rows, warps)

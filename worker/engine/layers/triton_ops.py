@@ -2,17 +2,35 @@
 
 Each function computes what its plain PyTorch counterpart in fused.py computes, with the same roundings
 to the activation dtype at the same places (so bf16 results agree to about one unit in the last place),
-but reads its inputs once and writes its outputs once. Rows are one program each; every size other than
-the token count is a compile-time constant, so one compiled kernel serves every token count (and
-therefore every CUDA graph bucket). Under TRITON_INTERPRET=1 the same kernels run on CPU tensors; all
-arithmetic is written on float32 values with explicit rounding (the interpreter mis-adds bf16 directly).
+but reads its inputs once and writes its outputs once. Every size other than the token count is a
+compile-time constant. A row norm's program takes a few rows (tokens) of a long step and one row of a
+short step, so that every SM gets programs; so a kernel compiles once for each rows-per-program it uses (a
+few), not per token count or CUDA graph bucket. A norm's rows and warps per program are a `Tile`; the q/k
+kernel's program takes a group of one token's heads. The defaults follow what
+`python -m quiver.bench.engine.tile_bench` measured. Under TRITON_INTERPRET=1 the same kernels run on CPU
+tensors; all arithmetic is written on float32 values with explicit rounding (the interpreter mis-adds bf16
+directly).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A row norm's launch: rows (tokens) per program and warps per program."""
+
+    rows: int
+    warps: int
+
+    def __post_init__(self) -> None:
+        if any(n < 1 or n & (n - 1) for n in (self.rows, self.warps)) or self.warps > 32:
+            raise ValueError(f"{self}: rows and warps must be powers of two, warps at most 32")
 
 
 def _row_major(x: torch.Tensor) -> torch.Tensor:
@@ -26,64 +44,82 @@ def _row_warps(block: int) -> int:
     return max(1, min(16, block // 256))
 
 
+def _rows_per_program(tokens: int, most: int) -> int:
+    """Rows a program takes: `most`, but one while there are too few tokens to give every SM a few programs
+    (a short step is latency-bound, and fewer programs would leave SMs idle)."""
+    rows = 1
+    while rows < most and tokens >= 2 * rows * TOKENS_PER_ROW_STEP:
+        rows *= 2
+    return rows
+
+
+def _norm_tile(tokens: int, block: int) -> Tile:
+    """A row norm's default: up to NORM_ROWS rows of `block` elements per program, the warps of one row
+    (more warps for more rows measured slower)."""
+    return Tile(_rows_per_program(tokens, NORM_ROWS), _row_warps(block))
+
+
+NORM_ROWS = 4
+QK_HEADS = 8  # a q/k program's heads
+TOKENS_PER_ROW_STEP = 512  # rows per program double at every such many tokens (2 from 1,024, 4 from 2,048)
+
+
 @triton.jit
 def _add_rms_norm_kernel(
-    x_ptr, residual_ptr, weight_ptr, out_ptr, summed_ptr, x_row_stride, eps,
-    N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    x_ptr, residual_ptr, weight_ptr, out_ptr, summed_ptr, n_rows, x_row_stride, eps,
+    N: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < N
-    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.arange(0, BLOCK)[None, :]
+    mask = (rows < n_rows) & (cols < N)
+    x = tl.load(x_ptr + rows * x_row_stride + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
-        residual = tl.load(residual_ptr + row * N + cols, mask=mask, other=0.0)
+        residual = tl.load(residual_ptr + rows * N + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype)
-        tl.store(summed_ptr + row * N + cols, x, mask=mask)
+        tl.store(summed_ptr + rows * N + cols, x, mask=mask)
     xf = x.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / N + eps)[:, None]
     normed = (xf * rstd).to(x.dtype).to(tl.float32)
-    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * N + cols, (weight * normed).to(out_ptr.dtype.element_ty), mask=mask)
+    weight = tl.load(weight_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows * N + cols, (weight * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    n = x.shape[-1]
-    rows = _row_major(x)
-    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+def _launch_rms_norm(rows: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                     tile: Tile | None) -> tuple[torch.Tensor, torch.Tensor]:
+    n = rows.shape[-1]
+    out = torch.empty(rows.shape, dtype=rows.dtype, device=rows.device)
+    summed = torch.empty(rows.shape, dtype=rows.dtype, device=rows.device) if residual is not None else out
     if rows.shape[0]:
         block = triton.next_power_of_2(n)
-        _add_rms_norm_kernel[(rows.shape[0],)](
-            rows, rows, weight, out, out, rows.stride(0), eps,
-            N=n, BLOCK=block, HAS_RESIDUAL=False, num_warps=_row_warps(block),
+        tile = tile or _norm_tile(rows.shape[0], block)
+        _add_rms_norm_kernel[(triton.cdiv(rows.shape[0], tile.rows),)](
+            rows, residual if residual is not None else rows, weight, out, summed, rows.shape[0], rows.stride(0),
+            eps, N=n, BLOCK=block, ROWS=tile.rows, HAS_RESIDUAL=residual is not None, num_warps=tile.warps,
         )
+    return out, summed
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, tile: Tile | None = None) -> torch.Tensor:
+    out, _ = _launch_rms_norm(_row_major(x), None, weight, eps, tile)
     return out.view(x.shape)
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, tile: Tile | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual) in one pass: two reads, two writes per element."""
-    n = x.shape[-1]
-    rows, res = _row_major(x), residual.reshape(-1, n).contiguous()
-    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    summed = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    if rows.shape[0]:
-        block = triton.next_power_of_2(n)
-        _add_rms_norm_kernel[(rows.shape[0],)](
-            rows, res, weight, out, summed, rows.stride(0), eps,
-            N=n, BLOCK=block, HAS_RESIDUAL=True, num_warps=_row_warps(block),
-        )
+    out, summed = _launch_rms_norm(_row_major(x), residual.reshape(-1, x.shape[-1]).contiguous(), weight, eps, tile)
     return out.view(x.shape), summed.view(x.shape)
 
 
 @triton.jit
 def _qk_norm_rope_kernel(
     qkv_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, out_ptr, qkv_row_stride, eps,
-    HEADS: tl.constexpr, HEADS_BLOCK: tl.constexpr, HALF: tl.constexpr,
+    HEADS: tl.constexpr, GROUP: tl.constexpr, HALF: tl.constexpr,
 ):
-    """One token: RMS-normalise each of its q and k heads over head_dim = 2 * HALF, then rotate halves."""
+    """One token's GROUP of q and k heads: RMS-normalise each head over head_dim = 2 * HALF, then rotate halves."""
     token = tl.program_id(0).to(tl.int64)
-    heads = tl.arange(0, HEADS_BLOCK)[:, None]
+    heads = tl.program_id(1) * GROUP + tl.arange(0, GROUP)[:, None]
     cols = tl.arange(0, HALF)[None, :]
     mask = heads < HEADS
     offsets = heads * (2 * HALF) + cols
@@ -114,8 +150,13 @@ def qk_norm_rope(
     num_heads: int,
     num_kv_heads: int,
     eps: float,
+    heads_per_program: int = QK_HEADS,
+    warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """fused.qk_norm_rope in one kernel: q and k heads normalised and rotated into one [T, H + Hkv, D]."""
+    """fused.qk_norm_rope in one kernel: q and k heads normalised and rotated into one [T, H + Hkv, D].
+
+    A program takes one token's `heads_per_program` heads (a power of two): with all of a token's heads in
+    one program, Qwen3's 24 would be padded to 32 lanes' worth of work."""
     tokens = qkv.shape[0]
     heads = num_heads + num_kv_heads
     head_dim = qk_weight.shape[1]
@@ -123,10 +164,10 @@ def qk_norm_rope(
         raise ValueError("qk_norm_rope needs a row-major qkv and a power-of-two head_dim")
     qk = torch.empty((tokens, heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if tokens:
-        _qk_norm_rope_kernel[(tokens,)](
+        group = min(heads_per_program, triton.next_power_of_2(heads))
+        _qk_norm_rope_kernel[(tokens, triton.cdiv(heads, group))](
             qkv, qk_weight, cos_table, sin_table, positions, qk, qkv.stride(0), eps,
-            HEADS=heads, HEADS_BLOCK=triton.next_power_of_2(heads), HALF=head_dim // 2,
-            num_warps=_row_warps(triton.next_power_of_2(heads) * head_dim),
+            HEADS=heads, GROUP=group, HALF=head_dim // 2, num_warps=warps or _row_warps(group * head_dim),
         )
     v = qkv[:, heads * head_dim :].view(tokens, num_kv_heads, head_dim)
     return qk[:, :num_heads], qk[:, num_heads:], v
@@ -217,24 +258,27 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _add_layer_norm_kernel(
-    x_ptr, residual_ptr, weight_ptr, bias_ptr, out_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr, residual_ptr, weight_ptr, bias_ptr, out_ptr, n_rows, eps,
+    N: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < N
-    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0)
-    residual = tl.load(residual_ptr + row * N + cols, mask=mask, other=0.0)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.arange(0, BLOCK)[None, :]
+    col_ok = cols < N
+    mask = (rows < n_rows) & col_ok
+    x = tl.load(x_ptr + rows * N + cols, mask=mask, other=0.0)
+    residual = tl.load(residual_ptr + rows * N + cols, mask=mask, other=0.0)
     xf = (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype).to(tl.float32)
-    mean = tl.sum(xf, axis=0) / N
-    centred = tl.where(mask, xf - mean, 0.0)
-    rstd = tl.rsqrt(tl.sum(centred * centred, axis=0) / N + eps)
-    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    bias = tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * N + cols, (centred * rstd * weight + bias).to(out_ptr.dtype.element_ty), mask=mask)
+    mean = (tl.sum(xf, axis=1) / N)[:, None]
+    centred = tl.where(col_ok, xf - mean, 0.0)
+    rstd = tl.rsqrt(tl.sum(centred * centred, axis=1) / N + eps)[:, None]
+    weight = tl.load(weight_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    bias = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows * N + cols, (centred * rstd * weight + bias).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def add_layer_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+    tile: Tile | None = None,
 ) -> torch.Tensor:
     """LayerNorm(x + residual) in one pass: two reads, one write per element."""
     n = x.shape[-1]
@@ -242,8 +286,10 @@ def add_layer_norm(
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         block = triton.next_power_of_2(n)
-        _add_layer_norm_kernel[(rows.shape[0],)](
-            rows, res, weight, bias, out, eps, N=n, BLOCK=block, num_warps=_row_warps(block),
+        tile = tile or _norm_tile(rows.shape[0], block)
+        _add_layer_norm_kernel[(triton.cdiv(rows.shape[0], tile.rows),)](
+            rows, res, weight, bias, out, rows.shape[0], eps, N=n, BLOCK=block, ROWS=tile.rows,
+            num_warps=tile.warps,
         )
     return out.view(x.shape)
 
