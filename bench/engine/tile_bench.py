@@ -51,8 +51,8 @@ def first_launch(unit: str, shape: Any) -> dict[str, Any]:
     """The launch these kernels had before tiles: one program per token (all of its heads, for q/k)."""
     if unit == "qk_norm_rope":
         group = triton.next_power_of_2(shape.heads + shape.kv_heads)
-        return {"heads_per_program": group, "warps": min(16, group * shape.head_dim // 256)}
-    return {"tile": Tile(1, min(16, max(1, triton.next_power_of_2(shape.hidden) // 256)))}
+        return {"heads_per_program": group, "warps": triton_ops.row_warps(group * shape.head_dim)}
+    return {"tile": Tile(1, triton_ops.row_warps(triton.next_power_of_2(shape.hidden)))}
 
 
 def _agrees(fn: Callable[..., Any], reference: Callable[..., Any], args: tuple[Any, ...]) -> bool:
@@ -65,16 +65,19 @@ def _agrees(fn: Callable[..., Any], reference: Callable[..., Any], args: tuple[A
     return True
 
 
+def _case(shape: Any, tokens: int, label: str) -> tuple[str, str, tuple[Any, ...], int]:
+    """kernel_bench's case for one unit, fresh random inputs."""
+    return next(case for case in unit_cases(shape, tokens) if case[0] == label)
+
+
 def bench_tiles(tokens_list: list[int], bandwidth: float) -> list[dict[str, Any]]:
     plain = fused.plain_ops()
     rows = []
     for label, shape in UNITS:
         for tokens in tokens_list:
-            index = [case[0] for case in unit_cases(shape, tokens)].index(label)
-            first = unit_cases(shape, tokens)[index]
-            _, unit, _, moved = first
+            _, unit, first_args, moved = _case(shape, tokens, label)
             copies = max(2, -(-L2_FLUSH_BYTES // moved))
-            arg_sets = [first[2]] + [unit_cases(shape, tokens)[index][2] for _ in range(copies - 1)]
+            arg_sets = [first_args] + [_case(shape, tokens, label)[2] for _ in range(copies - 1)]
             kernel = getattr(triton_ops, unit)
             timed: dict[str, float] = {}
             left_out = []
@@ -94,7 +97,7 @@ def bench_tiles(tokens_list: list[int], bandwidth: float) -> list[dict[str, Any]
             print(f"| {shape.name} | {label} | {tokens} | {row['bound_us']:.1f} | {row['one_row_us']:.1f} | "
                   f"{row['default_us']:.1f} ({row['default_us'] / row['bound_us']:.2f}) | {best}: "
                   f"{row['best_us']:.1f} ({row['best_us'] / row['bound_us']:.2f}) |", flush=True)
-            del arg_sets, first
+            del arg_sets, first_args
             torch.cuda.empty_cache()
     return rows
 

@@ -20,6 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
+NORM_ROWS = 4
+QK_HEADS = 8  # a q/k program's heads
+TOKENS_PER_ROW_STEP = 512  # rows per program double at every such many tokens (2 from 1,024, 4 from 2,048)
+
 
 @dataclass(frozen=True)
 class Tile:
@@ -39,7 +43,7 @@ def _row_major(x: torch.Tensor) -> torch.Tensor:
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
-def _row_warps(block: int) -> int:
+def row_warps(block: int) -> int:
     """Warps for a row of `block` elements: about 8 elements (16 bytes of bf16) per thread."""
     return max(1, min(16, block // 256))
 
@@ -56,12 +60,7 @@ def _rows_per_program(tokens: int, most: int) -> int:
 def _norm_tile(tokens: int, block: int) -> Tile:
     """A row norm's default: up to NORM_ROWS rows of `block` elements per program, the warps of one row
     (more warps for more rows measured slower)."""
-    return Tile(_rows_per_program(tokens, NORM_ROWS), _row_warps(block))
-
-
-NORM_ROWS = 4
-QK_HEADS = 8  # a q/k program's heads
-TOKENS_PER_ROW_STEP = 512  # rows per program double at every such many tokens (2 from 1,024, 4 from 2,048)
+    return Tile(_rows_per_program(tokens, NORM_ROWS), row_warps(block))
 
 
 @triton.jit
@@ -167,7 +166,7 @@ def qk_norm_rope(
         group = min(heads_per_program, triton.next_power_of_2(heads))
         _qk_norm_rope_kernel[(tokens, triton.cdiv(heads, group))](
             qkv, qk_weight, cos_table, sin_table, positions, qk, qkv.stride(0), eps,
-            HEADS=heads, GROUP=group, HALF=head_dim // 2, num_warps=warps or _row_warps(group * head_dim),
+            HEADS=heads, GROUP=group, HALF=head_dim // 2, num_warps=warps or row_warps(group * head_dim),
         )
     v = qkv[:, heads * head_dim :].view(tokens, num_kv_heads, head_dim)
     return qk[:, :num_heads], qk[:, num_heads:], v
@@ -220,7 +219,7 @@ def bias_activation(x: torch.Tensor, bias: torch.Tensor | None, kind: str) -> to
         _bias_activation_kernel[(rows.shape[0], triton.cdiv(n, block))](
             rows, bias if bias is not None else rows, out, rows.stride(0),
             N=n, BLOCK=block, KIND=_ACTIVATIONS[kind], HAS_BIAS=bias is not None,
-            num_warps=_row_warps(block),
+            num_warps=row_warps(block),
         )
     return out.view(x.shape)
 
@@ -251,7 +250,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if tokens:
         block = min(triton.next_power_of_2(n), 1024)
         _silu_mul_kernel[(tokens, triton.cdiv(n, block))](
-            gate_up, out, gate_up.stride(0), N=n, BLOCK=block, num_warps=_row_warps(block),
+            gate_up, out, gate_up.stride(0), N=n, BLOCK=block, num_warps=row_warps(block),
         )
     return out
 
@@ -318,6 +317,6 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if rows.shape[0]:
         block = triton.next_power_of_2(n)
         _quantize_rows_kernel[(rows.shape[0],)](
-            rows, out, scale, rows.stride(0), FP8_MAX, N=n, BLOCK=block, num_warps=_row_warps(block),
+            rows, out, scale, rows.stride(0), FP8_MAX, N=n, BLOCK=block, num_warps=row_warps(block),
         )
     return out, scale
