@@ -25,7 +25,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from quiver.common.config import (
     EXIT_USAGE, SERVE_HIDDEN, BrokerSettings, FrontendSettings, ServeSettings, WorkerSettings, default_http_processes,
@@ -135,6 +135,9 @@ def check_fp8_devices(dtype: str, devices: list[str]) -> None:
 _claimed_ports: dict[int, int] = {}
 
 
+FREE_PORT_TRIES = 16
+
+
 def _claim(port: int) -> bool:
     path = os.path.join(tempfile.gettempdir(), f"quiver-serve-port-{port}.lock")
     try:
@@ -160,20 +163,24 @@ def _can_bind(host: str, port: int) -> int:
         return int(probe.getsockname()[1])
 
 
-def pick_port(preferred: int, host: str, what: str) -> int:
+def pick_port(preferred: int, host: str, what: str, avoid: Collection[int] = ()) -> int:
     """`preferred` when no other `serve` claimed it and it can be bound on `host`, else a free port
-    (logged); 0 stays 0 (none)."""
+    (logged); 0 stays 0 (none). Ports in `avoid` (what this run's other roles will bind, not bound yet,
+    so the system could hand one out as free) are never returned."""
     if preferred <= 0:
         return 0
-    if preferred in _claimed_ports or _claim(preferred):
+    if preferred not in avoid and (preferred in _claimed_ports or _claim(preferred)):
         if _can_bind(host, preferred):
             return preferred
         os.close(_claimed_ports.pop(preferred))
-    chosen = _can_bind(host, 0)
-    if not chosen:
-        raise ServeError(f"cannot bind any port on {host} for {what}", EXIT_MODEL_ERROR)
-    log.warning("port %d for %s is taken; using %d", preferred, what, chosen)
-    return chosen
+    for _ in range(FREE_PORT_TRIES):
+        chosen = _can_bind(host, 0)
+        if not chosen:
+            break
+        if chosen not in avoid:
+            log.warning("port %d for %s is taken; using %d", preferred, what, chosen)
+            return chosen
+    raise ServeError(f"cannot bind any port on {host} for {what}", EXIT_MODEL_ERROR)
 
 
 def _role_values(settings: ServeSettings, role_type: type, decided: dict[str, Any]) -> dict[str, Any]:
@@ -255,9 +262,12 @@ def plan_children(settings: ServeSettings, model_dir: Path, runtime_dir: Path, g
     # Only this run's workers can register with this run's broker: they share a secret no other process has.
     base_env[CLUSTER_SECRET_ENV] = os.environ.get(CLUSTER_SECRET_ENV) or new_cluster_secret()
 
+    planned = {s.port}  # ports this run's roles will bind; a fallback must not hand one of them out twice
+    broker_metrics_port = pick_port(s.broker_metrics_port, s.metrics_host, "the broker's /metrics", planned)
+    planned.add(broker_metrics_port)
     children = [_child("broker", "broker", BrokerSettings, _role_values(s, BrokerSettings, {
         "frontend_endpoint": frontend_endpoint, "worker_endpoint": worker_endpoint, "busy_poll_us": busy_poll_us,
-        "metrics_port": pick_port(s.broker_metrics_port, s.metrics_host, "the broker's /metrics"),
+        "metrics_port": broker_metrics_port,
     }), base_env)]
     threads = s.threads or max(1, (os.cpu_count() or 1) // len(devices))
     shares = _memory_shares(workers, s.gpu_memory_fraction)
@@ -266,7 +276,8 @@ def plan_children(settings: ServeSettings, model_dir: Path, runtime_dir: Path, g
         if len(entries) > 1:
             name = f"{_model_label(entry)}-{name}"
         port = pick_port(s.worker_metrics_port + index if s.worker_metrics_port else 0, s.metrics_host,
-                         f"worker {name}'s /metrics")
+                         f"worker {name}'s /metrics", planned)
+        planned.add(port)
         children.append(_child(f"worker {name}", "worker", WorkerSettings, _role_values(s, WorkerSettings, {
             "broker": worker_endpoint, "model": entry.model, "device": device, "name": name,
             "threads": threads if device == "cpu" else 0, "busy_poll_us": busy_poll_us, "metrics_port": port,

@@ -122,6 +122,33 @@ def test_a_taken_metrics_port_is_replaced_and_logged(caplog):
     assert pick_port(0, "127.0.0.1", "none") == 0
 
 
+def test_a_fallback_port_is_never_one_this_run_will_bind(monkeypatch, caplog):
+    """The system may hand out as free a port that another role of the same run has been given but not
+    bound yet (the frontend's --port, an earlier role's fallback): it is skipped for the next free one."""
+    import quiver.plan as plan_module
+
+    offered = iter([41151, 41152])  # what binding port 0 returns, in turn
+    monkeypatch.setattr(plan_module, "_can_bind", lambda host, port: 0 if port else next(offered))
+    with caplog.at_level(logging.WARNING, logger="quiver.serve"):
+        chosen = pick_port(9400, "127.0.0.1", "worker cpu-0's /metrics", avoid={41151, 8080})
+    assert chosen == 41152 and "using 41152" in caplog.text
+    always_taken = iter([41151] * plan_module.FREE_PORT_TRIES)
+    monkeypatch.setattr(plan_module, "_can_bind", lambda host, port: 0 if port else next(always_taken))
+    with pytest.raises(ServeError, match="cannot bind any port"):
+        pick_port(9400, "127.0.0.1", "worker cpu-0's /metrics", avoid={41151})
+
+
+def test_a_preferred_port_this_run_will_bind_is_not_taken_twice(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = parse(ServeSettings, "serve", "--port", str(port), "--broker-metrics-port", str(port),
+                     "--worker-metrics-port", str(port), "--workers", "2")
+    children = plan_children(settings, default_model_dir(), tmp_path, 0)
+    ports = [int(child.argv[child.argv.index("--metrics-port") + 1]) for child in children if child.role != "frontend"]
+    assert len(ports) == 3 and port not in ports and len(set(ports)) == 3
+
+
 def quiver(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "quiver", *argv], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})
