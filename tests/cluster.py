@@ -181,5 +181,9 @@ class Cluster:
     def __enter__(self) -> Cluster:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        """Stop every process; when the block failed, print their logs first (pytest shows a failed test's
+        output), so that a failure under load carries the processes' own timeline."""
+        if exc_type is not None:
+            print(self.logs())
         self.stop()

@@ -75,7 +75,7 @@ def test_kill_9_one_of_two_workers_under_load(workload, link_thread):
 
 # Requests in flight when the broker dies are held and sent again once it is back: they answer 200 if the
 # outage (2 s here, plus the new broker's start and the workers' registering again) and their computing
-# again fit in their deadline. About 3 s on an idle 2-core machine and 6 s with the CPUs oversubscribed
+# again fit in their deadline. About 3 s on an idle 2-core machine and 6-7 s with the CPUs oversubscribed
 # 8 to 1; a CI machine at its busiest took over 10 s, so the deadline is 20 s.
 RESTART_DEADLINE_S = 20
 
@@ -96,9 +96,9 @@ def test_broker_restart(workload, link_thread):
         print("\n" + report.summary("kill -9 the broker and start it again, under load"))
         # While the broker was away: answers are right or 503, and none waits past its deadline.
         for outcome in report.outcomes:
-            assert outcome.status in (200, 503), (outcome.status, outcome.detail, cluster.logs())
+            assert outcome.status in (200, 503), (outcome.status, outcome.detail)
             assert outcome.status != 200 or outcome.correct
-            assert outcome.seconds < RESTART_DEADLINE_S + 2, (outcome.seconds, cluster.logs())
+            assert outcome.seconds < RESTART_DEADLINE_S + 2
         # After it came back, everything succeeds.
         after = load_on(cluster, workload).run_for(4)
         assert_nothing_lost(after, "after the broker restart")
