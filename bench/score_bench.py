@@ -226,6 +226,14 @@ def quiver_latency(client: tuple[Callable[[dict[str, Any]], Any], Callable[[Any]
     return samples, ranked, {name[2:-5]: percentiles(values) for name, values in stages.items()}
 
 
+def first_share(client: httpx.Client, url: str) -> float | None:
+    """The frontend's learned share of a long request sent before the rest tokenize (frontend/overlap.py)."""
+    for line in client.get(url + "/metrics").text.splitlines():
+        if line.startswith("quiver_frontend_score_first_share{"):
+            return round(float(line.rsplit(" ", 1)[1]), 4)
+    return None
+
+
 def run_quiver(url: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Quiver's figures with each client: "quiver" (http.client, the body encoded before the clock
     starts) and "quiver_httpx" (httpx encoding the body as JSON inside the timed call, as this benchmark
@@ -238,7 +246,8 @@ def run_quiver(url: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
     runs = {"quiver": (lambda body: json.dumps(body).encode(), lambda payload: raw.post("/rerank", payload)),
             "quiver_httpx": (lambda body: body, library_post)}
-    results: dict[str, dict[str, Any]] = {name: {"latency_ms": {}, "ranked": {}, "server_stages_ms": {}} for name in runs}
+    results: dict[str, dict[str, Any]] = {
+        name: {"latency_ms": {}, "ranked": {}, "server_stages_ms": {}, "first_share": {}} for name in runs}
     try:
         info = library.get(url + "/info").json()
         for count in DOC_COUNTS:
@@ -247,8 +256,10 @@ def run_quiver(url: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                 result = results[name]
                 result["latency_ms"][count], result["ranked"][count] = percentiles(samples), ranked
                 result["server_stages_ms"][count] = stages
+                result["first_share"][count] = first_share(library, url)
                 print(f"{name}, {count} documents: {result['latency_ms'][count]}; server stages p50 ms: "
-                      f"{ {stage: figures['p50'] for stage, figures in stages.items()} }", flush=True)
+                      f"{ {stage: figures['p50'] for stage, figures in stages.items()} }; first share after: "
+                      f"{result['first_share'][count]}", flush=True)
     finally:
         raw.close()
         library.close()

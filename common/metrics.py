@@ -101,6 +101,9 @@ CONTRACT: tuple[MetricSpec, ...] = (
           "Tokens of requests this frontend is serving now", multiprocess_mode="livesum"),
     _spec("quiver_frontend_live_workers", "gauge", FRONTEND, (),
           "Live workers, as the broker last reported to this frontend", multiprocess_mode="livemax"),
+    _spec("quiver_frontend_score_first_share", "gauge", FRONTEND, ("model",),
+          "Share of a long scoring request's characters sent before the rest are tokenized, learned from "
+          "the tokenizer's and the device's times (frontend/overlap.py)", multiprocess_mode="livemax"),
     _spec("quiver_frontend_chunks_sent_total", "counter", FRONTEND, (),
           "Chunks sent to the broker"),
     _spec("quiver_frontend_chunks_resent_total", "counter", FRONTEND, (),

@@ -58,12 +58,14 @@ def requested_priority(value: str | None) -> int:
 
 @dataclass
 class Timings:
-    """Seconds spent per stage; queue and inference are the slowest chunk's."""
+    """Seconds spent per stage; queue and inference are the slowest chunk's. device_s sums the chunks'
+    inference (a step shared by several chunks counts once for each)."""
 
     started: float
     tokenization_s: float = 0.0
     queue_s: float = 0.0
     inference_s: float = 0.0
+    device_s: float = 0.0
 
     def headers(self) -> dict[str, str]:
         """Per-stage times in milliseconds, as Text Embeddings Inference reports them."""
@@ -129,7 +131,7 @@ class Pipeline:
         own = None
         if ticket is None:
             own = ticket = self.admission.reserve(first.num_tokens, estimated=False)
-        first_timings = dataclasses.replace(timings)
+        first_timings = dataclasses.replace(timings, device_s=0.0)
         first_run = asyncio.ensure_future(self._run_chunks(first, task, normalize, first_timings))
         try:
             later = await rest()
@@ -146,6 +148,7 @@ class Pipeline:
                 own.release()
         timings.queue_s = max(timings.queue_s, first_timings.queue_s)
         timings.inference_s = max(timings.inference_s, first_timings.inference_s)
+        timings.device_s += first_timings.device_s
         rows = np.concatenate([r.values for r in (*first_results, *later_results)], axis=0)
         return rows, first.num_tokens + later.num_tokens
 
@@ -183,6 +186,7 @@ class Pipeline:
         record_chunks(dispatched, results, seqs.num_seqs, seqs.num_tokens)
         timings.queue_s = max(r.queue_s for r in results)
         timings.inference_s = max(r.inference_s for r in results)
+        timings.device_s += sum(r.inference_s for r in results)
         return results
 
     async def _await_one(self, chunk: Chunk, remaining: float) -> Result:

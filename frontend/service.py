@@ -22,6 +22,7 @@ from quiver.frontend import metrics
 from quiver.frontend.admission import CURRENT_TICKET, Admission
 from quiver.frontend.broker_client import BrokerClient
 from quiver.frontend.errors import APIError
+from quiver.frontend.overlap import OverlapSplit
 from quiver.frontend.pipeline import CURRENT_PRIORITY, Pipeline, Timings
 from quiver.frontend.quantize import formats_for
 from quiver.frontend.scores import sigmoid, softmax
@@ -41,21 +42,6 @@ class Scores:
     values: np.ndarray  # float32: [num_pairs] for score(), [num_inputs, num_labels] for classify()
     num_tokens: int
     timings: Timings
-
-
-# A scoring request this large (documents, characters) starts its first documents' step while the rest
-# tokenize: tokenizing 50 documents of 512 tokens took 6.5 ms on a 16-core host, against 53 ms for the
-# whole request (bench/RESULTS.md). The first part is 1 / OVERLAP_FIRST_SHARE of the documents.
-OVERLAP_MIN_DOCUMENTS = 8
-OVERLAP_MIN_CHARS = 16_384
-OVERLAP_FIRST_SHARE = 8
-
-
-def overlap_cut(documents: list[str]) -> int:
-    """How many documents go out before the rest are tokenized; 0: tokenize them all first."""
-    if len(documents) < OVERLAP_MIN_DOCUMENTS or sum(map(len, documents)) < OVERLAP_MIN_CHARS:
-        return 0
-    return max(1, len(documents) // OVERLAP_FIRST_SHARE)
 
 
 def record_stages(route: str, timings: Timings, model: str) -> None:
@@ -124,6 +110,9 @@ class Service:
         self.admission = admission or Admission(settings.max_inflight_tokens)
         self.tokenizer = TextTokenizer(info, settings.tokenization_pool_threads, self._loop_use)
         self.pipeline = Pipeline(client, settings, self.admission, fingerprint, self.model_name)
+        self.overlap = OverlapSplit()
+        self._first_share = metrics.SCORE_FIRST_SHARE.labels(self.model_name)
+        self._first_share.set(self.overlap.share)
 
     def _loop_use(self) -> LoopUse:
         """loop_use for the current task: its priority, and its request's share of the in-flight tokens."""
@@ -256,7 +245,7 @@ class Service:
         self._check_pair_texts(queries, documents, param)
         do_truncate = self.do_truncate(truncate)
         started = time.monotonic()
-        cut = overlap_cut(documents)
+        cut = self.overlap.cut(documents)
         if cut:
             first = await self._pair_sequences(queries[:cut], documents[:cut], do_truncate, direction, instruction,
                                                param)
@@ -269,6 +258,8 @@ class Service:
                 return seqs
 
             rows, num_tokens = await self.pipeline.run_overlapped(first, rest, TASK_SCORE, False, timings)
+            self.overlap.observe(timings.tokenization_s, timings.device_s)
+            self._first_share.set(self.overlap.share)
         else:
             seqs = await self._pair_sequences(queries, documents, do_truncate, direction, instruction, param)
             timings.tokenization_s = time.monotonic() - started

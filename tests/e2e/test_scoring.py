@@ -21,7 +21,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from quiver.common.model_info import default_model_dir
-from quiver.frontend.service import overlap_cut
+from quiver.frontend.overlap import OverlapSplit
 from tests.cluster import Cluster, free_port
 from tests.worker.engine.families import spread_weights
 
@@ -340,18 +340,33 @@ def long_documents(count: int, words: int) -> list[str]:
     return [" ".join(vocabulary[(i * 7 + j) % len(vocabulary)] for j in range(words)) for i in range(count)]
 
 
+def _first_share(cluster: Cluster) -> float:
+    """The frontend's learned share of a long scoring request sent before the rest tokenize (one model)."""
+    for family in text_string_to_metric_families(httpx.get(cluster.url + "/metrics", timeout=5).text):
+        if family.name == "quiver_frontend_score_first_share":
+            (sample,) = family.samples
+            return sample.value
+    raise AssertionError("the frontend exports no quiver_frontend_score_first_share")
+
+
 def test_a_long_rerank_sends_its_first_documents_while_the_rest_tokenize(cross_encoder):
-    """24 documents of ~1,000 characters: the first three go out before the others are tokenized
-    (frontend/service.py, overlap_cut); the scores are the same as transformers' and in input order."""
+    """24 documents of ~1,000 characters: the first ones go out before the others are tokenized, as many as
+    the learned share says (frontend/overlap.py); the scores are the same as transformers' and in input
+    order, and the share learned from the request's times stays within its bounds."""
     texts = long_documents(24, 180)
-    assert sum(map(len, texts)) >= 16_384 and overlap_cut(texts) == 3
+    share = _first_share(cross_encoder)
+    cut = OverlapSplit(share).cut(texts)
+    assert sum(map(len, texts)) >= 16_384 and 1 <= cut < 24
     before = _dispatches_by_worker(cross_encoder)
     ranks = ok(post(cross_encoder, "/rerank", {"query": QUERY, "texts": texts, "raw_scores": True}))
-    # Chunks of at most 4 pairs: the first three alone, then the other 21 in six (24 at once would be six).
-    assert sum(_dispatches_by_worker(cross_encoder).values()) - sum(before.values()) == 1 + 6
+    # Chunks of at most 4 pairs, the first part's and the rest's apart.
+    chunks = -(-cut // 4) + -(-(24 - cut) // 4)
+    assert sum(_dispatches_by_worker(cross_encoder).values()) - sum(before.values()) == chunks
     expected = hf_pair_logits(cross_encoder.path, [QUERY] * len(texts), texts, 512)[:, 0]
     served = np.array([r["score"] for r in sorted(ranks, key=lambda r: r["index"])])
     np.testing.assert_allclose(served, expected, atol=ATOL, rtol=0)
+    learned = _first_share(cross_encoder)
+    assert 1 / 32 <= learned <= 1 / 2
 
 
 @pytest.mark.parametrize("too_long", [1, 20])  # in the first part sent, and in the part tokenized after it
@@ -458,7 +473,7 @@ def test_reranker_scores_equal_the_yes_probability_of_transformers(reranker):
 
 def test_a_long_reranker_request_sent_in_two_parts_equals_transformers(reranker):
     texts = [f"{DOCUMENTS[i % 8]} {DOCUMENTS[(i + 3) % 8]} {i}" for i in range(250)]
-    assert overlap_cut(texts) == 31
+    assert OverlapSplit().cut(texts) > 0
     logits = hf_reranker_logits(reranker.path, WEB_SEARCH, QUERY, texts)
     raw = ok(post(reranker, "/score", {"text_1": QUERY, "text_2": texts, "raw_scores": True}))
     np.testing.assert_allclose([d["score"] for d in raw["data"]], logits, atol=ATOL, rtol=0)
