@@ -7,10 +7,10 @@ waiting for the tokenizer, a longer one keeps the device waiting for its own tok
 grow with the documents' length, so with T the time to tokenize all of a request's documents and D the
 device's time on all of them, the first part should hold T / (T + D) of the request's characters.
 
-That share differs by host and model by more than a factor of two: tokenizing 50 pairs of 512 tokens
-took 2.6 ms on one GPU host and 7.8 ms on another, against about 33 ms of steps (bench/RESULTS.md). So
-it is learned: every request that was cut reports its tokenization and device seconds, and the share
-follows their ratio (an exponential average). Until the first report it is DEFAULT_SHARE.
+That share differs by host and model: the server's tokenization of 50 pairs of 532 tokens took 3.7 ms
+on one H100 host and 6.6 ms on another, against 34-37 ms of steps (bench/RESULTS.md). So it is learned:
+every request that was cut reports its tokenization and device seconds, and the share follows their
+ratio (an exponential average). Until the first report it is DEFAULT_SHARE.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from quiver.common.model_info import default_model_dir
-from quiver.frontend.overlap import OverlapSplit
+from quiver.frontend.overlap import MAX_SHARE, MIN_SHARE, OverlapSplit
 from tests.cluster import Cluster, free_port
 from tests.worker.engine.families import spread_weights
 
@@ -366,7 +366,7 @@ def test_a_long_rerank_sends_its_first_documents_while_the_rest_tokenize(cross_e
     served = np.array([r["score"] for r in sorted(ranks, key=lambda r: r["index"])])
     np.testing.assert_allclose(served, expected, atol=ATOL, rtol=0)
     learned = _first_share(cross_encoder)
-    assert 1 / 32 <= learned <= 1 / 2
+    assert MIN_SHARE <= learned <= MAX_SHARE
 
 
 @pytest.mark.parametrize("too_long", [1, 20])  # in the first part sent, and in the part tokenized after it
