@@ -103,7 +103,7 @@ CONTRACT: tuple[MetricSpec, ...] = (
           "Live workers, as the broker last reported to this frontend", multiprocess_mode="livemax"),
     _spec("quiver_frontend_score_first_share", "gauge", FRONTEND, ("model",),
           "Share of a long scoring request's characters sent before the rest are tokenized, learned from "
-          "the tokenizer's and the device's times (frontend/overlap.py)", multiprocess_mode="livemax"),
+          "the tokenizer's and the device's times (frontend/overlap.py)", multiprocess_mode="livemostrecent"),
     _spec("quiver_frontend_chunks_sent_total", "counter", FRONTEND, (),
           "Chunks sent to the broker"),
     _spec("quiver_frontend_chunks_resent_total", "counter", FRONTEND, (),
