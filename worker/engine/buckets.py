@@ -24,6 +24,16 @@ launching their kernels one by one costs little.
 
 Padding tokens form one extra dummy row (all at position 0) so that every token of the padded batch
 belongs to a row; the dummy is shorter than LARGE_TOKEN_STEP, so it never raises the length class.
+
+Eager steps of rows of different lengths are padded to their token bucket too, where the limits allow
+it (eager_pad_tokens: on a GPU), so that they come in a bounded set of token counts. A step at a token
+count the process has never run is slower: in a stream of unequal-row steps of 8,193-16,384 tokens, each
+at a new count, an H100 ran 605-647 tokens/ms of XLM-R large against 745-768 once every count had run
+before, and 405-413 against 474 for Qwen3-0.6B (bench/engine/new_token_counts.py; cuBLAS choosing its
+algorithm for each new product shape is the likely cause, not established). Padded, the same streams ran
+717-732 and 462-463 either way: where exact counts repeat, the padding costs 2-5 % (its tokens, and
+products at multiples of 256 rows that run up to 8 % slower per row than at the counts beside them).
+Steps of equal rows keep their exact shape: they run as dense rows (cuDNN), which the dummy would break.
 """
 
 from __future__ import annotations
@@ -59,6 +69,7 @@ class GraphLimits:
     max_tokens: int
     max_rows: int  # rows of the largest padded batch: max_batch_seqs + 1 (the dummy)
     max_row_len: int  # the longest real row the model takes (its max input length)
+    eager_pad_tokens: int = 0  # eager steps of unequal rows padded to their token bucket up to this size
 
     @property
     def length_cap(self) -> int:
@@ -121,7 +132,11 @@ def plan_shape(seq_lens: np.ndarray, limits: GraphLimits) -> StepShape:
                              _class_of(max(longest, pad), length_classes(bucket, limits)), 0, True)
     # Rows of one length (a throughput batch, equal documents) run as dense rows: on an H200, cuDNN's dense
     # attention took 0.82 against FlashAttention-2's 1.57 ms a layer for Qwen3 at 4 x 4096 tokens.
-    return StepShape(num_seqs, num_tokens, longest, longest if min(lens) == longest else 0, False)
+    if min(lens) == longest:
+        return StepShape(num_seqs, num_tokens, longest, longest, False)
+    if bucket <= limits.eager_pad_tokens and bucket > num_tokens:
+        return StepShape(num_seqs + 1, bucket, max(longest, bucket - num_tokens), 0, False)
+    return StepShape(num_seqs, num_tokens, longest, 0, False)
 
 
 def graph_shapes(limits: GraphLimits) -> list[StepShape]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -117,7 +117,10 @@ class Engine:
         self.info.max_batch_seqs = max_seqs
         if self.info.cuda_graphs:
             self.info.graph_max_tokens = min(self._graph_token_limit, max_tokens)
-            self.graph_limits = GraphLimits(self.info.graph_max_tokens, max_seqs + 1, self.info.model.max_input_length)
+            self.graph_limits = GraphLimits(self.info.graph_max_tokens, max_seqs + 1, self.info.model.max_input_length,
+                                            eager_pad_tokens=max_tokens)
+        else:
+            self.graph_limits = GraphLimits(0, 0, 0, eager_pad_tokens=max_tokens)
 
     def capture_graph(self, shape: StepShape) -> bool:
         """Capture one graph shape (start-up only: it runs the model twice); False if it could not be."""
@@ -247,7 +250,7 @@ class Engine:
     def run_tokens(self, batch: Batch) -> np.ndarray:
         """float32 [num_tokens, token_dim]: the model's row for every token, run eagerly and synchronously
         (rows per step vary with its tokens, so neither graphs nor the fixed result slots fit them)."""
-        shape = plan_shape(batch.seq_lens, NO_GRAPHS)
+        shape = plan_shape(batch.seq_lens, replace(self.graph_limits, max_tokens=0))  # padded, never graphed
         with torch.inference_mode():
             if self.on_gpu:
                 with torch.cuda.stream(self.stream):

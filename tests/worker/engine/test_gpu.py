@@ -261,6 +261,47 @@ def test_batches_above_the_largest_bucket_run_eagerly(tmp_path: Path) -> None:
     np.testing.assert_allclose(rows[0], engine.run_eager(batch), rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("family_name", ["qwen3_bidirectional_mean", "bert_mean"])
+def test_unequal_rows_above_the_graphs_are_padded_and_match_the_exact_step_and_each_row_alone(
+    family_name: str, tmp_path: Path
+) -> None:
+    from quiver.worker.engine.buckets import StepShape, plan_shape
+
+    family = next(f for f in FAMILIES if f.name == family_name)
+    path, _ = write_family(family, tmp_path)
+    engine = load_engine(path, device="cuda", max_batch_tokens=2048, max_batch_seqs=16, graph_max_tokens=256)
+    rng = np.random.default_rng(13)
+    sequences = [rng.integers(4, 90, size=n, dtype=np.int32) for n in (100, 37, 120, 61, 128, 90, 75)]
+    batch = _batch(sequences, [True] * 7)  # 611 tokens: eager, padded to 640 by a dummy row of 29
+    assert plan_shape(batch.seq_lens, engine.graph_limits) == StepShape(8, 640, 128, 0, False)
+    padded = engine.step(batch).wait().copy()
+    exact = engine.run_eager(batch)  # the same rows at their exact shape, 611 tokens
+    alone = np.concatenate([engine.run_eager(_batch([s], [True])) for s in sequences])
+    assert engine.stats()["eager_steps"] >= 1
+    assert _cosines(padded, exact).min() > 0.9999
+    assert _cosines(padded, alone).min() > 0.999
+
+
+def test_token_rows_match_whatever_their_step_is_padded_by(tmp_path: Path) -> None:
+    """Token-row steps (BGE-M3's outputs) run eagerly; one of unequal rows is padded to its token bucket: the
+    same sequence's rows agree run alone (its exact shape) and in a step of 47 tokens padded by a dummy of 17."""
+    from tests.worker.engine.published import bge_m3
+
+    engine = load_engine(bge_m3(tmp_path), device="cuda")
+    rng = np.random.default_rng(14)
+    first, second = (rng.integers(5, engine.info.model.vocab_size - 1, size=n).astype(np.int32) for n in (30, 17))
+
+    def token_rows(sequences: list[np.ndarray]) -> np.ndarray:
+        lens = np.array([len(s) for s in sequences], dtype=np.int32)
+        return engine.step(Batch(input_ids=np.concatenate(sequences), seq_lens=lens, token_rows=True)).wait()
+
+    together = token_rows([first, second])
+    assert together.shape == (47, engine.info.model.token_dim)
+    alone = np.concatenate([token_rows([first]), token_rows([second])])
+    assert _cosines(together[:, :-1], alone[:, :-1]).min() > 0.999
+    np.testing.assert_allclose(together[:, -1], alone[:, -1], atol=0.02 * max(float(np.abs(alone[:, -1]).max()), 1e-3))
+
+
 @pytest.mark.parametrize("family_name", ["qwen3_bidirectional_mean", "qwen3_causal_last", "bert_mean"])
 def test_equal_rows_above_the_graphs_run_dense_and_match_each_row_alone(family_name: str, tmp_path: Path) -> None:
     family = next(f for f in FAMILIES if f.name == family_name)

@@ -35,6 +35,33 @@ def test_plan_shape_classes_dense_and_eager() -> None:
     assert plan_shape(np.array([100, 30], dtype=np.int32), NO_GRAPHS) == StepShape(2, 130, 100, 0, False)
 
 
+def test_eager_steps_of_unequal_rows_are_padded_to_their_bucket_where_the_limits_allow() -> None:
+    """On a GPU an eager step's token count is its bucket's (one per 256), so that cuBLAS meets a bounded set
+    of product shapes; equal rows keep their exact dense shape, and nothing pads past eager_pad_tokens."""
+    gpu = GraphLimits(max_tokens=8192, max_rows=257, max_row_len=32768, eager_pad_tokens=16384)
+    unequal = np.array([3000, 2999, 3000], dtype=np.int32)  # 8,999 tokens: bucket 9,216, a dummy row of 217
+    assert plan_shape(unequal, gpu) == StepShape(4, 9216, 3000, 0, False)
+    assert plan_shape(np.array([3000] * 3, dtype=np.int32), gpu) == StepShape(3, 9000, 3000, 3000, False)
+    assert plan_shape(np.array([9000, 216], dtype=np.int32), gpu) == StepShape(2, 9216, 9000, 0, False)  # full
+    assert plan_shape(np.array([16300, 10], dtype=np.int32), gpu) == StepShape(3, 16384, 16300, 0, False)
+    assert plan_shape(np.array([16300, 85], dtype=np.int32), gpu) == StepShape(2, 16385, 16300, 0, False)
+    tokens_only = GraphLimits(0, 0, 0, eager_pad_tokens=2048)  # graphs off: every step eager, still padded
+    assert plan_shape(np.array([100, 30], dtype=np.int32), tokens_only) == StepShape(3, 192, 100, 0, False)
+    assert plan_shape(np.array([20, 10], dtype=np.int32), tokens_only) == StepShape(3, 64, 34, 0, False)  # dummy 34
+
+
+def test_a_padded_eager_step_packs_its_dummy_row_after_the_real_ones() -> None:
+    limits = GraphLimits(0, 0, 0, eager_pad_tokens=2048)
+    batch = Batch(input_ids=np.arange(1, 131, dtype=np.int32), seq_lens=np.array([100, 30], dtype=np.int32))
+    shape = plan_shape(batch.seq_lens, limits)
+    packed = np.empty(packed_size(shape.num_seqs, shape.num_tokens), dtype=np.int32)
+    pack_batch(batch, shape, packed)
+    step = unpack(torch.from_numpy(packed), shape)
+    assert step.cu_seqlens.tolist() == [0, 100, 130, 192]
+    assert step.seq_lens.tolist() == [100, 30, 62]
+    assert step.input_ids[:130].tolist() == list(range(1, 131)) and not step.input_ids[130:].any()
+
+
 def _random_batches(rng: np.random.Generator, limits: GraphLimits, count: int) -> list[np.ndarray]:
     batches = []
     for _ in range(count):
