@@ -29,7 +29,7 @@ import torch
 
 from quiver.bench.engine.checkpoints import ensure_bench_checkpoint
 from quiver.bench.engine_bench import one_batch, percentiles, random_ids
-from quiver.bench.token_outputs_bench import with_m3_heads
+from quiver.bench.token_outputs_bench import token_batch, with_m3_heads
 from quiver.worker.engine import Batch, Engine, load_engine
 
 VOCAB = 30000
@@ -77,8 +77,7 @@ def stream(engine: Engine, batches: list[Batch]) -> dict[str, float]:
 def lexical_latency(engine: Engine, requests: list[np.ndarray]) -> dict[str, float]:
     samples = []
     for ids in requests:
-        batch = Batch(input_ids=ids, seq_lens=np.array([len(ids)], dtype=np.int32), token_rows=True,
-                      lexical_only=True)
+        batch = token_batch([ids], lexical_only=True)
         start = time.perf_counter()
         engine.step(batch).wait()
         samples.append((time.perf_counter() - start) * 1e3)
@@ -98,14 +97,15 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for name in args.models.split(","):
         path = ensure_bench_checkpoint(name, args.root)
-        if name.startswith("xlmr"):
-            path = with_m3_heads(path, args.root, 1024)
+        bge_m3 = name.startswith("xlmr")  # XLM-R large with BGE-M3's heads: its token rows are timed too
+        if bge_m3:
+            path = with_m3_heads(path, args.root, hidden=1024)
         engine = load_engine(path, device="cuda")
         batches = unequal_steps(rng, args.steps, engine.info.max_batch_tokens)
         results[name] = {"first_sight": stream(engine, batches)}
         results[name].update({f"again_{i}": stream(engine, batches) for i in range(1, args.passes)})
         results[name]["attention_choices"] = engine.stats()["attention_choices"]
-        if name.startswith("xlmr") and args.requests:
+        if bge_m3 and args.requests:
             requests = [random_ids(rng, int(rng.integers(60, 301)), VOCAB) for _ in range(args.requests)]
             results["bge-m3-lexical-batch-1"] = {"first_sight": lexical_latency(engine, requests)}
             results["bge-m3-lexical-batch-1"].update(

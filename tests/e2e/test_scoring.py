@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from quiver.common.model_info import default_model_dir
 from quiver.frontend.overlap import MAX_SHARE, MIN_SHARE, OverlapSplit
 from tests.cluster import Cluster, free_port
+from tests.e2e.test_reliability import metric
 from tests.worker.engine.families import spread_weights
 
 ATOL = 1e-4
@@ -342,11 +343,7 @@ def long_documents(count: int, words: int) -> list[str]:
 
 def _first_share(cluster: Cluster) -> float:
     """The frontend's learned share of a long scoring request sent before the rest tokenize (one model)."""
-    for family in text_string_to_metric_families(httpx.get(cluster.url + "/metrics", timeout=5).text):
-        if family.name == "quiver_frontend_score_first_share":
-            (sample,) = family.samples
-            return sample.value
-    raise AssertionError("the frontend exports no quiver_frontend_score_first_share")
+    return metric(cluster.url + "/metrics", "quiver_frontend_score_first_share")
 
 
 def test_a_long_rerank_sends_its_first_documents_while_the_rest_tokenize(cross_encoder):
