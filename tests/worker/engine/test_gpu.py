@@ -290,6 +290,14 @@ def test_token_rows_match_whatever_their_step_is_padded_by(tmp_path: Path) -> No
     engine = load_engine(bge_m3(tmp_path), device="cuda")
     rng = np.random.default_rng(14)
     first, second = (rng.integers(5, engine.info.model.vocab_size - 1, size=n).astype(np.int32) for n in (30, 17))
+    step_tokens: list[int] = []  # the token count of each step the model ran
+    forward_tokens = engine.model.forward_tokens
+
+    def counted_forward_tokens(step, attention):  # the real forward, its step's size noted
+        step_tokens.append(int(step.input_ids.shape[0]))
+        return forward_tokens(step, attention)
+
+    engine.model.forward_tokens = counted_forward_tokens
 
     def token_rows(sequences: list[np.ndarray]) -> np.ndarray:
         lens = np.array([len(s) for s in sequences], dtype=np.int32)
@@ -298,6 +306,7 @@ def test_token_rows_match_whatever_their_step_is_padded_by(tmp_path: Path) -> No
     together = token_rows([first, second])
     assert together.shape == (47, engine.info.model.token_dim)
     alone = np.concatenate([token_rows([first]), token_rows([second])])
+    assert step_tokens == [64, 30, 17]  # unequal rows padded to their bucket; a lone row keeps its exact shape
     assert _cosines(together[:, :-1], alone[:, :-1]).min() > 0.999
     np.testing.assert_allclose(together[:, -1], alone[:, -1], atol=0.02 * max(float(np.abs(alone[:, -1]).max()), 1e-3))
 

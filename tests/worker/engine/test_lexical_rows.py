@@ -1,15 +1,19 @@
 """BGE-M3's lexical task on the engine and the scheduler (CPU): a step of token rows that asks for the
 lexical weights alone answers one number per token, each equal to the last column of the same token's
-whole row; whole token rows and lexical ones never share a step."""
+whole row; whole token rows and lexical ones never share a step; token rows padded to a graph's shape
+equal the exact step's."""
 
 from __future__ import annotations
 
 
 import numpy as np
 import pytest
+import torch
 
 from quiver.common.protocol import Chunk, Message, Result
 from quiver.worker.engine import Batch, Engine, load_engine
+from quiver.worker.engine.buckets import NO_GRAPHS, StepShape, plan_shape
+from quiver.worker.engine.inputs import pack_batch, packed_size, unpack
 from quiver.worker.scheduler import Scheduler
 from tests.worker.engine.published import bge_m3
 
@@ -51,3 +55,23 @@ def test_token_and_lexical_chunks_run_in_steps_of_their_own(engine: Engine) -> N
     assert whole.num_rows == lexical.num_rows == sum(lengths)
     assert whole.dim == engine.info.model.token_dim and lexical.dim == 1
     np.testing.assert_allclose(lexical.values[:, 0], whole.values[:, -1], atol=1e-6)
+
+
+@pytest.mark.parametrize("lengths", [[30, 20, 14], [25, 20, 14]])  # 64 tokens: no dummy row; 59: a dummy of 5
+def test_token_rows_in_a_graph_shape_with_empty_rows_equal_the_exact_step(engine: Engine, lengths: list[int]) -> None:
+    """A graph shape rounds the rows up to their class: three sequences in a 64-token bucket take 8 rows, the
+    empty ones pointing at the step's last token (a real one when no dummy row pads the step). Each token's
+    row, the first of each sequence holding the dense vector, equals the same step run at its exact shape."""
+    rng = np.random.default_rng(2)
+    ids = rng.integers(5, engine.info.model.vocab_size - 1, size=sum(lengths)).astype(np.int32)
+    batch = Batch(input_ids=ids, seq_lens=np.array(lengths, dtype=np.int32), token_rows=True)
+    shape = StepShape(8, 64, 64, 0, True)
+    assert shape.num_seqs > len(lengths) + 1
+    packed = np.empty(packed_size(shape.num_seqs, shape.num_tokens), dtype=np.int32)
+    pack_batch(batch, shape, packed, engine.model.uses_token_types)
+    with torch.inference_mode():
+        padded = engine.forward_tokens(shape, unpack(torch.from_numpy(packed), shape))[: batch.num_tokens].numpy()
+    exact_shape = plan_shape(batch.seq_lens, NO_GRAPHS)
+    assert exact_shape.num_seqs == len(lengths)
+    exact = engine.step(batch).wait()
+    np.testing.assert_allclose(padded, exact, atol=1e-5)

@@ -50,8 +50,9 @@ class M3Heads:
     def token_rows(self, hidden: torch.Tensor, step: StepTensors) -> torch.Tensor:
         """Final token states [T, H] → float32 [T, H + 1] as the module docstring lays out."""
         colbert = F.normalize(F.linear(hidden, self.colbert_weight, self.colbert_bias).float(), dim=-1)
-        first = torch.zeros(hidden.shape[0], dtype=torch.bool, device=hidden.device)
-        first[step.first_index.long()] = True
-        vectors = torch.where(first.unsqueeze(1), F.normalize(hidden.float(), dim=-1), colbert)
+        # A row's first token is the one at position 0 (padding tokens too, whose rows are dropped). Not
+        # first_index: a graph's empty rows point it at the step's last token, which may be a real one.
+        first = (step.positions == 0).unsqueeze(1)
+        vectors = torch.where(first, F.normalize(hidden.float(), dim=-1), colbert)
         weights = torch.relu(F.linear(hidden, self.sparse_weight, self.sparse_bias).float())
         return torch.cat([vectors, weights], dim=1)
