@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Whole server, the BGE-M3 stand-in with its two heads: batch-1 /embed, /embed_sparse and /embed_all of one
+# text at three lengths, the tree before token-row graphs (BASE, a `git archive` tar) and this one (with
+# token-graphs.diff applied), both served at once on one GPU. Run from the repository root:
+#   git archive HEAD -o /tmp/base.tar && git apply bench/results/token-graphs-2026-12-07/token-graphs.diff
+#   BASE=/tmp/base.tar bash bench/results/token-graphs-2026-12-07/sparse_ab.sh
+# (DEV=cpu STAND_IN_ARGS=--small for a try on a CPU.)
+NEW=$PWD; HERE=$(cd "$(dirname "$0")" && pwd); W=/tmp/sab; mkdir -p $W
+rm -rf $W/base && mkdir -p $W/base && tar -xf "${BASE:?a git archive tar of the tree before}" -C $W/base
+. bench/serve_ready.sh
+ckpt=$(python3 -m quiver.bench.stand_ins --root $W/ckpts --device ${DEV:-cuda} ${STAND_IN_ARGS:-} bge-m3-shape | tail -n 1)
+m3=$(python3 -c "from pathlib import Path; import json; from quiver.bench.token_outputs_bench import with_m3_heads; print(with_m3_heads(Path('$ckpt'), Path('$W'), json.load(open('$ckpt/config.json'))['hidden_size']))")
+declare -A port=([base]=18400 [new]=18401) mport=([base]=19400 [new]=19401) pid=()
+for tree in base new; do
+  dir=$NEW; [ $tree = base ] && dir=$W/base
+  (cd $dir && PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$dir exec python3 -m quiver serve --model $m3 --device ${DEV:-cuda} \
+     --port ${port[$tree]} --gpu-memory-fraction 0.42 --broker-metrics-port 0 --worker-metrics-port ${mport[$tree]} \
+     > $W/serve-$tree.log 2>&1) &
+  pid[$tree]=$!
+done
+for tree in base new; do healthy_within ${pid[$tree]} ${port[$tree]} 300 || { echo "$tree not ready"; tail -5 $W/serve-$tree.log; }; done
+echo "servers up at ${SECONDS}s"; grep -h "start-up took\|captured" $W/serve-*.log | cut -c1-300
+for tree in base new new base; do python3 "$HERE/sparse_client.py" ${port[$tree]} $tree; done
+for tree in base new; do
+  echo "$tree: $(curl -s localhost:${mport[$tree]}/metrics | grep -E '^quiver_worker_(eager_steps_total|graph_replays_total|graph_captures_total|graphs|startup_seconds)' | sed -E 's/\{[^}]*\}//' | paste -sd ' ')"
+done
+kill -TERM ${pid[base]} ${pid[new]}; wait
