@@ -215,6 +215,10 @@ class Engine:
             out = normalize_rows(out, step.normalize)
         return out
 
+    def forward_tokens(self, shape: StepShape, step: StepTensors) -> torch.Tensor:
+        """The model's token rows on one uploaded step: float32 [shape.num_tokens, token_dim]."""
+        return self.model.forward_tokens(step, self._attention(shape, step))
+
     def _attention(self, shape: StepShape, step: StepTensors) -> AttentionContext:
         return self.selector.choose(
             AttentionContext(
@@ -255,13 +259,12 @@ class Engine:
             if self.on_gpu:
                 with torch.cuda.stream(self.stream):
                     uploaded = self.upload(batch, shape)
-                    rows = self.model.forward_tokens(uploaded, self._attention(shape, uploaded))
+                    rows = self.forward_tokens(shape, uploaded)
                     return self._token_columns(rows[: batch.num_tokens], batch).cpu().numpy()
             packed = np.empty(packed_size(shape.num_seqs, shape.num_tokens), dtype=np.int32)
             pack_batch(batch, shape, packed, self.model.uses_token_types)
             tensors = unpack(torch.from_numpy(packed).to(self.device), shape)
-            rows = self.model.forward_tokens(tensors, self._attention(shape, tensors))
-            return self._token_columns(rows[: batch.num_tokens], batch).cpu().numpy()
+            return self._token_columns(self.forward_tokens(shape, tensors)[: batch.num_tokens], batch).cpu().numpy()
 
     @staticmethod
     def _token_columns(rows: torch.Tensor, batch: Batch) -> torch.Tensor:
