@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from quiver.bench.engine.checkpoints import ensure_bench_checkpoint
-from quiver.bench.engine_bench import one_batch, percentiles, random_ids
+from quiver.bench.engine_bench import launch_two_deep, one_batch, percentiles, random_ids
 from quiver.bench.token_outputs_bench import token_batch, with_m3_heads
 from quiver.worker.engine import Batch, Engine, load_engine
 
@@ -53,21 +53,9 @@ def unequal_steps(rng: np.random.Generator, count: int, max_tokens: int) -> list
 
 def stream(engine: Engine, batches: list[Batch]) -> dict[str, float]:
     """Launch each step, then wait for the one before it (two in flight, as the scheduler runs them)."""
-    launches = []
-    pending = None
     torch.cuda.synchronize()
     start = time.perf_counter()
-    for batch in batches:
-        launched = time.perf_counter()
-        lazy = engine.step(batch)
-        launches.append((time.perf_counter() - launched) * 1e3)
-        if pending is not None:
-            pending.wait()
-            pending.release()
-        pending = lazy
-    if pending is not None:
-        pending.wait()
-        pending.release()
+    launches = launch_two_deep(engine, batches)
     elapsed_ms = (time.perf_counter() - start) * 1e3
     tokens = sum(batch.num_tokens for batch in batches)
     return {"launch_p50_ms": round(statistics.median(launches), 2), "tokens_per_ms": round(tokens / elapsed_ms, 1),
