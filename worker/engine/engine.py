@@ -242,11 +242,8 @@ class Engine:
         limits = GraphLimits(self.info.max_batch_tokens, self.info.max_batch_seqs + 1, self.info.model.max_input_length)
         shape = plan_shape(batch.seq_lens, limits if bucketed else NO_GRAPHS)
         if not self.on_gpu:
-            packed = np.empty(packed_size(shape.num_seqs, shape.num_tokens), dtype=np.int32)
-            pack_batch(batch, shape, packed, self.model.uses_token_types)
             with torch.inference_mode():
-                tensors = unpack(torch.from_numpy(packed).to(self.device), shape)
-                return self.forward_step(shape, tensors)[: batch.num_seqs].cpu().numpy()
+                return self.forward_step(shape, self._host_step(batch, shape))[: batch.num_seqs].cpu().numpy()
         with torch.inference_mode(), torch.cuda.stream(self.stream):
             out = self.forward_step(shape, self.upload(batch, shape))[: batch.num_seqs].cpu()
         return out.numpy()
@@ -261,10 +258,14 @@ class Engine:
                     uploaded = self.upload(batch, shape)
                     rows = self.forward_tokens(shape, uploaded)
                     return self._token_columns(rows[: batch.num_tokens], batch).cpu().numpy()
-            packed = np.empty(packed_size(shape.num_seqs, shape.num_tokens), dtype=np.int32)
-            pack_batch(batch, shape, packed, self.model.uses_token_types)
-            tensors = unpack(torch.from_numpy(packed).to(self.device), shape)
-            return self._token_columns(self.forward_tokens(shape, tensors)[: batch.num_tokens], batch).cpu().numpy()
+            rows = self.forward_tokens(shape, self._host_step(batch, shape))
+            return self._token_columns(rows[: batch.num_tokens], batch).numpy()
+
+    def _host_step(self, batch: Batch, shape: StepShape) -> StepTensors:
+        """A CPU step's inputs: the batch packed for shape, unpacked into views of that one array."""
+        packed = np.empty(packed_size(shape.num_seqs, shape.num_tokens), dtype=np.int32)
+        pack_batch(batch, shape, packed, self.model.uses_token_types)
+        return unpack(torch.from_numpy(packed), shape)
 
     @staticmethod
     def _token_columns(rows: torch.Tensor, batch: Batch) -> torch.Tensor:
