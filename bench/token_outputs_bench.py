@@ -4,8 +4,9 @@ Random weights of XLM-RoBERTa large (BGE-M3's encoder, bench/engine/checkpoints.
 sparse_linear / colbert_linear heads in BGE-M3's files. Measures, in one process on one device:
 - batch-1 latency (p50/p99, host clock around step() + wait() and, for the token rows, the frontend's
   cutting of them into dense, sparse and ColBERT outputs) at 128 and 4096 tokens, dense only
-  (pooled rows, CUDA graphs as served) against all three outputs (token rows, run eagerly) and against
-  the sparse output alone (the "lexical" task: each token row cut to its weight on the device);
+  (pooled rows, CUDA graphs as served) against all three outputs (token rows: their own graphs up to 512
+  tokens, eager above) and against the sparse output alone (the "lexical" task: each token row cut to its
+  weight on the device);
 - throughput (inputs/s) at 100 x 512 tokens, the three ways;
 - contextual chunks: 25 documents of 16 chunks of 32 tokens, each document one 512-token sequence whose
   token rows are pooled per chunk, against 400 chunks embedded as plain 32-token sequences (on the same

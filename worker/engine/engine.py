@@ -3,7 +3,9 @@
 step() validates the batch, pads it to its graph shape (buckets.py), moves it to the device with one
 copy from a pinned staging buffer, runs the model (by replaying that shape's CUDA graph, captured at
 start-up, or eagerly when it has none), and starts an asynchronous copy of the result rows into a
-pinned output slot. On the CPU it computes the result at once.
+pinned output slot. On the CPU it computes the result at once. A step of token rows (one row per token,
+BGE-M3's sparse and ColBERT outputs) is computed synchronously instead, replaying a graph of its own
+shape up to TOKEN_GRAPH_MAX_TOKENS on a BGE-M3 checkpoint.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from quiver.worker.engine.models.base import RaggedModel
 from quiver.worker.engine.pooling import normalize_rows
 
 NUM_HOST_SLOTS = 2
+# Token-row steps (BGE-M3's sparse and ColBERT outputs) have graphs up to this many tokens: a query's
+# sparse vector is a batch-1 step whose eager launch costs the host far more than its kernels. Each such
+# graph keeps its own output, a float32 row per token: 46 graphs and 53 MiB at BGE-M3's width.
+TOKEN_GRAPH_MAX_TOKENS = 512
 _STEPPING = threading.local()  # per thread: the stream an engine's step() last made current there
 
 
@@ -92,6 +98,8 @@ class Engine:
         self.selector = AttentionSelector(model.attention_spec, device, dtype)
         self.info.attention_backends = self.selector.names
         self.runner = GraphRunner(device, cuda_graphs)
+        self.token_runner = GraphRunner(device, cuda_graphs and model_info.m3_heads, pool=self.runner.pool)
+        self.token_graph_limits = NO_GRAPHS
         self.steps = 0
         self._graph_token_limit = graph_max_tokens
         self.graph_limits = NO_GRAPHS
@@ -121,18 +129,22 @@ class Engine:
                                             eager_pad_tokens=max_tokens)
         else:
             self.graph_limits = GraphLimits(0, 0, 0, eager_pad_tokens=max_tokens)
+        token_graph_tokens = min(TOKEN_GRAPH_MAX_TOKENS, self.graph_limits.max_tokens) if self.token_runner.enabled else 0
+        self.token_graph_limits = replace(self.graph_limits, max_tokens=token_graph_tokens)
 
-    def capture_graph(self, shape: StepShape) -> bool:
-        """Capture one graph shape (start-up only: it runs the model twice); False if it could not be."""
+    def capture_graph(self, shape: StepShape, token_rows: bool = False) -> bool:
+        """Capture one graph shape of the sequence rows' forward, or the token rows' (start-up only: it runs
+        the model twice); False if it could not be."""
         lens = np.array(example_lens(shape, self.info.model.max_input_length), dtype=np.int32)
         ids = np.random.default_rng(0).integers(3, self.info.model.vocab_size, size=int(lens.sum()), dtype=np.int32)
         batch = Batch(input_ids=ids, seq_lens=lens)
+        runner, forward = (self.token_runner, self.forward_tokens) if token_rows else (self.runner, self.forward_step)
         with torch.inference_mode(), torch.cuda.stream(self.stream):
             tensors = self.upload(batch, shape)
-            return self.runner.capture(shape, lambda: self.forward_step(shape, tensors))
+            return runner.capture(shape, lambda: forward(shape, tensors))
 
-    def graph_shapes(self) -> list[StepShape]:
-        return graph_shapes(self.graph_limits)
+    def graph_shapes(self, token_rows: bool = False) -> list[StepShape]:
+        return graph_shapes(self.token_graph_limits if token_rows else self.graph_limits)
 
     # ---- stepping -------------------------------------------------------------------------------
 
@@ -249,14 +261,15 @@ class Engine:
         return out.numpy()
 
     def run_tokens(self, batch: Batch) -> np.ndarray:
-        """float32 [num_tokens, token_dim]: the model's row for every token, run eagerly and synchronously
-        (rows per step vary with its tokens, so neither graphs nor the fixed result slots fit them)."""
-        shape = plan_shape(batch.seq_lens, replace(self.graph_limits, max_tokens=0))  # padded, never graphed
+        """float32 [num_tokens, token_dim]: the model's row for every token, computed synchronously (a step's
+        rows vary with its tokens, so the fixed result slots do not fit them). On a GPU a step replays its
+        token-row graph up to token_graph_limits, and runs eagerly, padded to its bucket, above them."""
+        shape = plan_shape(batch.seq_lens, self.token_graph_limits)
         with torch.inference_mode():
             if self.on_gpu:
                 with torch.cuda.stream(self.stream):
                     uploaded = self.upload(batch, shape)
-                    rows = self.forward_tokens(shape, uploaded)
+                    rows = self.token_runner.run(shape, lambda: self.forward_tokens(shape, uploaded))
                     return self._token_columns(rows[: batch.num_tokens], batch).cpu().numpy()
             rows = self.forward_tokens(shape, self._host_step(batch, shape))
             return self._token_columns(rows[: batch.num_tokens], batch).numpy()
@@ -291,16 +304,16 @@ class Engine:
     # ---- reporting ------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        counters = self.runner.counters
+        runners = (self.runner, self.token_runner)
         stats: dict[str, Any] = {
             "steps": self.steps,
-            "warmups": counters.warmups,
-            "captures": counters.captures,
-            "replays": counters.replays,
-            "eager_steps": counters.eager_steps,
-            "capture_failures": counters.capture_failures,
-            "graphs": len(self.runner.graphs),
-            "graph_pool_bytes": self.runner.pool_bytes,
+            "warmups": sum(r.counters.warmups for r in runners),
+            "captures": sum(r.counters.captures for r in runners),
+            "replays": sum(r.counters.replays for r in runners),
+            "eager_steps": sum(r.counters.eager_steps for r in runners),
+            "capture_failures": sum(r.counters.capture_failures for r in runners),
+            "graphs": sum(len(r.graphs) for r in runners),
+            "graph_pool_bytes": sum(r.pool_bytes for r in runners),
             "weights_bytes": self.memory.weights_bytes,
             "activation_peak_bytes": self.memory.activation_peak_bytes,
             "attention_choices": self.selector.chosen(),

@@ -1,4 +1,5 @@
-"""CUDA graphs, one per graph shape (buckets.graph_shapes), captured at start-up, sharing one memory pool.
+"""CUDA graphs, one per graph shape (buckets.graph_shapes) and forward (sequence rows, or BGE-M3's token
+rows), captured at start-up, sharing one memory pool.
 
 capture() runs a shape once eagerly (kernels compile, cuBLAS picks its algorithms) and then captures it;
 startup.capture_graphs does that for every shape before the worker says it is ready. run() only ever
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -38,10 +39,13 @@ class GraphCounters:
 
 
 class GraphRunner:
-    def __init__(self, device: torch.device, enabled: bool) -> None:
+    """The graphs of one forward function (an embedder's rows, or its token rows), keyed by step shape;
+    pool: another runner's memory pool to share (steps run one at a time on one stream)."""
+
+    def __init__(self, device: torch.device, enabled: bool, pool: Any = None) -> None:
         self.device = device
         self.enabled = enabled and device.type == "cuda"
-        self.pool = torch.cuda.graph_pool_handle() if self.enabled else None
+        self.pool = (pool or torch.cuda.graph_pool_handle()) if self.enabled else None
         self.graphs: dict[StepShape, CapturedGraph] = {}
         self.counters = GraphCounters()
         self.pool_bytes = 0

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Whole server, the BGE-M3 stand-in with its two heads: batch-1 /embed, /embed_sparse and /embed_all of one
-# text at three lengths, the tree before token-row graphs (BASE, a `git archive` tar) and this one (with
-# token-graphs.diff applied), both served at once on one GPU. Run from the repository root:
-#   git archive HEAD -o /tmp/base.tar && git apply bench/results/token-graphs-2026-12-07/token-graphs.diff
-#   BASE=/tmp/base.tar bash bench/results/token-graphs-2026-12-07/sparse_ab.sh
+# text at three lengths (35, 132 and 442 tokens), the tree before token-row graphs (BASE, a `git archive`
+# tar of 94fd652) and this one, both served at once on one GPU. Run from the repository root:
+#   git archive 94fd652 -o /tmp/base.tar && BASE=/tmp/base.tar bash bench/results/token-graphs-2026-12-07/sparse_ab.sh
 # (DEV=cpu STAND_IN_ARGS=--small for a try on a CPU.)
 NEW=$PWD; HERE=$(cd "$(dirname "$0")" && pwd); W=/tmp/sab; mkdir -p $W
 rm -rf $W/base && mkdir -p $W/base && tar -xf "${BASE:?a git archive tar of the tree before}" -C $W/base

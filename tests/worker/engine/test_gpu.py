@@ -283,11 +283,12 @@ def test_unequal_rows_above_the_graphs_are_padded_and_match_the_exact_step_and_e
 
 
 def test_token_rows_match_whatever_their_step_is_padded_by(tmp_path: Path) -> None:
-    """Token-row steps (BGE-M3's outputs) run eagerly; one of unequal rows is padded to its token bucket: the
-    same sequence's rows agree run alone (its exact shape) and in a step of 47 tokens padded by a dummy of 17."""
+    """Token-row steps (BGE-M3's outputs) without graphs run eagerly; one of unequal rows is padded to its token
+    bucket: the same sequence's rows agree run alone (its exact shape) and in a step of 47 tokens padded by a
+    dummy of 17."""
     from tests.worker.engine.published import bge_m3
 
-    engine = load_engine(bge_m3(tmp_path), device="cuda")
+    engine = load_engine(bge_m3(tmp_path), device="cuda", cuda_graphs=False)
     rng = np.random.default_rng(14)
     first, second = (rng.integers(5, engine.info.model.vocab_size - 1, size=n).astype(np.int32) for n in (30, 17))
     step_tokens: list[int] = []  # the token count of each step the model ran
@@ -309,6 +310,42 @@ def test_token_rows_match_whatever_their_step_is_padded_by(tmp_path: Path) -> No
     assert step_tokens == [64, 30, 17]  # unequal rows padded to their bucket; a lone row keeps its exact shape
     assert _cosines(together[:, :-1], alone[:, :-1]).min() > 0.999
     np.testing.assert_allclose(together[:, -1], alone[:, -1], atol=0.02 * max(float(np.abs(alone[:, -1]).max()), 1e-3))
+
+
+def test_token_rows_replay_their_graphs_and_match_the_eager_rows(tmp_path: Path) -> None:
+    """BGE-M3's token-row steps up to TOKEN_GRAPH_MAX_TOKENS replay graphs captured at start-up (a query's
+    sparse vector among them), larger ones run eagerly; every row matches an engine without graphs."""
+    from quiver.worker.engine.engine import TOKEN_GRAPH_MAX_TOKENS
+    from tests.worker.engine.published import bge_m3
+
+    path = bge_m3(tmp_path)
+    graphed = load_engine(path, device="cuda")
+    eager = load_engine(path, device="cuda", cuda_graphs=False)
+    token_shapes = graphed.graph_shapes(token_rows=True)
+    assert token_shapes and max(shape.num_tokens for shape in token_shapes) == TOKEN_GRAPH_MAX_TOKENS
+    before = graphed.stats()
+    assert before["captures"] == len(graphed.graph_shapes()) + len(token_shapes) == before["graphs"]
+    assert eager.stats()["graphs"] == 0
+    rng = np.random.default_rng(15)
+    vocab = graphed.info.model.vocab_size
+
+    def ids(n: int) -> np.ndarray:
+        return rng.integers(5, vocab - 1, size=n).astype(np.int32)
+
+    # one row; rows with a dummy and empty rows; rows filling their bucket, empty rows and no dummy; 631 tokens
+    steps = [[ids(30)], [ids(30), ids(17), ids(64)], [ids(30), ids(20), ids(14)],
+             [ids(60) for _ in range(10)] + [ids(31)]]
+    for sequences, lexical_only in [(s, False) for s in steps] + [(steps[0], True)]:
+        lens = np.array([len(s) for s in sequences], dtype=np.int32)
+        batch = Batch(input_ids=np.concatenate(sequences), seq_lens=lens, token_rows=True, lexical_only=lexical_only)
+        got, want = graphed.step(batch).wait(), eager.step(batch).wait()
+        assert got.shape == want.shape == (int(lens.sum()), 1 if lexical_only else graphed.info.model.token_dim)
+        if not lexical_only:
+            assert _cosines(got[:, :-1], want[:, :-1]).min() > 0.999
+        np.testing.assert_allclose(got[:, -1], want[:, -1], atol=0.02 * max(float(np.abs(want[:, -1]).max()), 1e-3))
+    after = graphed.stats()
+    assert (after["captures"], after["warmups"]) == (before["captures"], before["warmups"])
+    assert (after["replays"] - before["replays"], after["eager_steps"] - before["eager_steps"]) == (4, 1)
 
 
 @pytest.mark.parametrize("family_name", ["qwen3_bidirectional_mean", "qwen3_causal_last", "bert_mean"])
