@@ -303,6 +303,10 @@ class Engine:
 
     # ---- reporting ------------------------------------------------------------------------------
 
+    @property
+    def graph_pool_bytes(self) -> int:
+        return self.runner.pool_bytes + self.token_runner.pool_bytes
+
     def stats(self) -> dict[str, Any]:
         runners = (self.runner, self.token_runner)
         stats: dict[str, Any] = {
@@ -313,7 +317,7 @@ class Engine:
             "eager_steps": sum(r.counters.eager_steps for r in runners),
             "capture_failures": sum(r.counters.capture_failures for r in runners),
             "graphs": sum(len(r.graphs) for r in runners),
-            "graph_pool_bytes": sum(r.pool_bytes for r in runners),
+            "graph_pool_bytes": self.graph_pool_bytes,
             "weights_bytes": self.memory.weights_bytes,
             "activation_peak_bytes": self.memory.activation_peak_bytes,
             "attention_choices": self.selector.chosen(),

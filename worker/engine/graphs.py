@@ -45,7 +45,7 @@ class GraphRunner:
     def __init__(self, device: torch.device, enabled: bool, pool: Any = None) -> None:
         self.device = device
         self.enabled = enabled and device.type == "cuda"
-        self.pool = (pool or torch.cuda.graph_pool_handle()) if self.enabled else None
+        self.pool = (pool if pool is not None else torch.cuda.graph_pool_handle()) if self.enabled else None
         self.graphs: dict[StepShape, CapturedGraph] = {}
         self.counters = GraphCounters()
         self.pool_bytes = 0

@@ -359,16 +359,14 @@ def survey_attention(engine: Engine) -> None:
 def capture_graphs(engine: Engine) -> dict[str, Any]:
     """Capture every graph shape the engine can meet (buckets.graph_shapes), so that no request ever
     waits for a warm-up or a capture; the time it took goes into the start-up detail."""
-    shapes = [(shape, False) for shape in engine.graph_shapes()] if engine.info.cuda_graphs else []
-    if engine.token_runner.enabled:
-        shapes += [(shape, True) for shape in engine.graph_shapes(token_rows=True)]
+    shapes = [(shape, token_rows) for token_rows in (False, True) for shape in engine.graph_shapes(token_rows)]
     start = time.perf_counter()
     failed = sum(not engine.capture_graph(shape, token_rows) for shape, token_rows in shapes)
     torch.cuda.synchronize(engine.device)
     if failed:
         log.warning("%d of %d CUDA graph shapes could not be captured; they run eagerly", failed, len(shapes))
     log.info("captured %d CUDA graphs in %.1f s (pool %s)", len(shapes) - failed, time.perf_counter() - start,
-             describe(engine.runner.pool_bytes + engine.token_runner.pool_bytes))
+             describe(engine.graph_pool_bytes))
     return {"graphs": len(shapes) - failed, "graphs_s": elapsed_since(start)}
 
 
@@ -388,6 +386,6 @@ def log_startup(engine: Engine) -> None:
             "graph pool %s",
             describe(figures.weights_bytes), info.max_batch_tokens, describe(figures.activation_peak_bytes),
             figures.bytes_per_token, describe(figures.budget_bytes), describe(figures.total_bytes),
-            describe(engine.runner.pool_bytes + engine.token_runner.pool_bytes),
+            describe(engine.graph_pool_bytes),
         )
     log.info("start-up took %.1f s: %s", info.startup_seconds, info.startup_detail)

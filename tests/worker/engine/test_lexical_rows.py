@@ -13,7 +13,6 @@ import torch
 from quiver.common.protocol import Chunk, Message, Result
 from quiver.worker.engine import Batch, Engine, load_engine
 from quiver.worker.engine.buckets import NO_GRAPHS, StepShape, plan_shape
-from quiver.worker.engine.inputs import pack_batch, packed_size, unpack
 from quiver.worker.scheduler import Scheduler
 from tests.worker.engine.published import bge_m3
 
@@ -67,10 +66,8 @@ def test_token_rows_in_a_graph_shape_with_empty_rows_equal_the_exact_step(engine
     batch = Batch(input_ids=ids, seq_lens=np.array(lengths, dtype=np.int32), token_rows=True)
     shape = StepShape(8, 64, 64, 0, True)
     assert shape.num_seqs > len(lengths) + 1
-    packed = np.empty(packed_size(shape.num_seqs, shape.num_tokens), dtype=np.int32)
-    pack_batch(batch, shape, packed, engine.model.uses_token_types)
     with torch.inference_mode():
-        padded = engine.forward_tokens(shape, unpack(torch.from_numpy(packed), shape))[: batch.num_tokens].numpy()
+        padded = engine.forward_tokens(shape, engine._host_step(batch, shape))[: batch.num_tokens].numpy()
     exact_shape = plan_shape(batch.seq_lens, NO_GRAPHS)
     assert exact_shape.num_seqs == len(lengths)
     exact = engine.step(batch).wait()
