@@ -99,6 +99,7 @@ class Engine:
         self.info.attention_backends = self.selector.names
         self.runner = GraphRunner(device, cuda_graphs)
         self.token_runner = GraphRunner(device, cuda_graphs and model_info.m3_heads, pool=self.runner.pool)
+        self.graph_pool_bytes = 0  # both runners' one pool, measured once their graphs are captured
         self.token_graph_limits = NO_GRAPHS
         self.steps = 0
         self._graph_token_limit = graph_max_tokens
@@ -302,10 +303,6 @@ class Engine:
             raise ValueError("normalize must have one flag per sequence")
 
     # ---- reporting ------------------------------------------------------------------------------
-
-    @property
-    def graph_pool_bytes(self) -> int:
-        return self.runner.pool_bytes + self.token_runner.pool_bytes
 
     def stats(self) -> dict[str, Any]:
         runners = (self.runner, self.token_runner)

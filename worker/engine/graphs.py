@@ -48,7 +48,6 @@ class GraphRunner:
         self.pool = (pool if pool is not None else torch.cuda.graph_pool_handle()) if self.enabled else None
         self.graphs: dict[StepShape, CapturedGraph] = {}
         self.counters = GraphCounters()
-        self.pool_bytes = 0
 
     def run(self, shape: StepShape, forward: Callable[[], torch.Tensor]) -> torch.Tensor:
         """Replay this shape's graph, or run forward eagerly when it has none."""
@@ -66,7 +65,6 @@ class GraphRunner:
             return shape in self.graphs
         forward()
         self.counters.warmups += 1
-        reserved = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
         try:
             # thread_local: other threads (readers waiting on result events) may use CUDA meanwhile.
@@ -76,10 +74,24 @@ class GraphRunner:
             log.warning("CUDA graph capture failed for %s; it runs eagerly: %s", shape, exc)
             self.counters.capture_failures += 1
             return False
-        self.pool_bytes += max(0, torch.cuda.memory_reserved(self.device) - reserved)
         self.counters.captures += 1
         self.graphs[shape] = CapturedGraph(graph, output)
         return True
+
+
+def pool_reserved_bytes(pool: Any, device: torch.device) -> int:
+    """Bytes of the allocator's segments that belong to pool on device: what its graphs keep reserved.
+
+    Read from the allocator's segments, which carry their pool's id: the growth of memory_reserved()
+    across the captures, read before, was 0 on every GPU although the captures allocate, because the
+    allocator may release other cached segments while it makes the pool's.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return sum(
+        segment["total_size"]
+        for segment in torch.cuda.memory_snapshot()
+        if tuple(segment["segment_pool_id"]) == tuple(pool) and segment["device"] == index
+    )
 
 
 def time_with_graph(forward: Callable[[], torch.Tensor], repeats: int = 20) -> float:

@@ -19,7 +19,7 @@ from quiver.common.model_info import ModelError, ModelInfo, load_model_info
 from quiver.worker.engine.batch import Batch
 from quiver.worker.engine.buckets import DEFAULT_GRAPH_MAX_TOKENS, GraphLimits, plan_shape
 from quiver.worker.engine.engine import Engine, elapsed_since, synthetic_batch
-from quiver.worker.engine.graphs import time_with_graph
+from quiver.worker.engine.graphs import pool_reserved_bytes, time_with_graph
 from quiver.worker.engine.layers.attention_select import context_for_lens
 from quiver.worker.engine.layers.fused import GELU_KINDS, ElementwiseOps, compiled_ops, plain_ops, triton_kernel_ops
 from quiver.worker.engine.layers.linear import fp8_unavailable_reason
@@ -363,6 +363,8 @@ def capture_graphs(engine: Engine) -> dict[str, Any]:
     start = time.perf_counter()
     failed = sum(not engine.capture_graph(shape, token_rows) for shape, token_rows in shapes)
     torch.cuda.synchronize(engine.device)
+    if shapes:
+        engine.graph_pool_bytes = pool_reserved_bytes(engine.runner.pool, engine.device)
     if failed:
         log.warning("%d of %d CUDA graph shapes could not be captured; they run eagerly", failed, len(shapes))
     log.info("captured %d CUDA graphs in %.1f s (pool %s)", len(shapes) - failed, time.perf_counter() - start,

@@ -139,6 +139,7 @@ def test_graph_replay_equals_eager(family_name: str, tmp_path: Path) -> None:
     engine = load_engine(path, device="cuda")
     captured = engine.stats()["captures"]
     assert captured == len(engine.graph_shapes()) > 0 and engine.stats()["capture_failures"] == 0
+    assert engine.stats()["graph_pool_bytes"] > 0  # the captures' outputs alone live in the pool
     rng = np.random.default_rng(3)
     sequences = [rng.integers(4, 90, size=n, dtype=np.int32) for n in (5, 17, 100, 3)]
     batch = _batch(sequences, [True, False, True, False])
