@@ -60,7 +60,10 @@ class GraphRunner:
         return captured.output
 
     def capture(self, shape: StepShape, forward: Callable[[], torch.Tensor]) -> bool:
-        """Warm this shape up eagerly, then capture it; False (logged, counted) when capture fails."""
+        """Warm this shape up eagerly, then capture it; False (logged, counted) when capture fails.
+
+        A warm-up that raises is not caught: that shape could not run eagerly either, so start-up stops
+        with the error rather than serve a step size that fails every request that lands on it."""
         if not (self.enabled and shape.graphable) or shape in self.graphs:
             return shape in self.graphs
         forward()
