@@ -199,7 +199,7 @@ CONTRACT: tuple[MetricSpec, ...] = (
     _spec("quiver_worker_graphs", "gauge", WORKER, (),
           "CUDA graphs held", engine=True),
     _spec("quiver_worker_graph_pool_bytes", "gauge", WORKER, (),
-          "GPU memory the CUDA graphs' shared pool grew by", engine=True),
+          "GPU memory the CUDA graphs' shared pool holds, read once they are captured", engine=True),
     _spec("quiver_worker_gpu_memory_allocated_bytes", "gauge", WORKER, (),
           "GPU memory held by tensors (0 on a CPU worker)", engine=True),
     _spec("quiver_worker_gpu_memory_reserved_bytes", "gauge", WORKER, (),
