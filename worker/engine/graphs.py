@@ -85,9 +85,9 @@ class GraphRunner:
 def pool_reserved_bytes(pool: Any, device: torch.device) -> int:
     """Bytes of the allocator's segments that belong to pool on device: what its graphs keep reserved.
 
-    Read from the allocator's segments, which carry their pool's id: the growth of memory_reserved()
-    across the captures, read before, was 0 on every GPU although the captures allocate, because the
-    allocator may release other cached segments while it makes the pool's.
+    Read from the allocator's segments, which carry their pool's id, because the growth of
+    memory_reserved() across the captures, read before, was 0 on every GPU although the captures allocate
+    (the cause was not traced; the allocator releasing other cached segments would explain it).
     """
     index = device.index if device.index is not None else torch.cuda.current_device()
     return sum(
