@@ -360,6 +360,9 @@ def capture_graphs(engine: Engine) -> dict[str, Any]:
     """Capture every graph shape the engine can meet (buckets.graph_shapes), so that no request ever
     waits for a warm-up or a capture; the time it took goes into the start-up detail."""
     shapes = [(shape, token_rows) for token_rows in (False, True) for shape in engine.graph_shapes(token_rows)]
+    # Largest first: a smaller graph's memory then comes out of segments the larger ones freed, instead of
+    # the small graphs' live outputs splitting the segments that each larger capture would need.
+    shapes.sort(key=lambda item: item[0].num_tokens, reverse=True)
     start = time.perf_counter()
     failed = sum(not engine.capture_graph(shape, token_rows) for shape, token_rows in shapes)
     torch.cuda.synchronize(engine.device)
