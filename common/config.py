@@ -154,6 +154,8 @@ class FrontendSettings(CurveClientSettings, HeartbeatSettings, LoggingSettings):
     request_timeout_s: float = option(60.0, "deadline of a request (504 beyond)")
     tokenizer_threads: int = option(0, "threads for tokenization (0: the tokenizers library's default)")
     tokenization_pool_threads: int = option(4, "threads that tokenize requests off the event loop")
+    warmup_rounds: int = option(2, "rounds of requests each frontend process sends through its own routes "
+                                   "once a worker is live, before /health answers 200 (0: none)")
     busy_poll_us: int = option(0, "keep the event loop from sleeping while chunks wait and this long after the "
                                   "last result (lower latency, more CPU)")
     busy_poll_pin: bool = option(True, PIN_HELP)

@@ -114,6 +114,9 @@ CONTRACT: tuple[MetricSpec, ...] = (
           "Malformed messages received from the broker"),
     _spec("quiver_frontend_other_model_names_total", "counter", FRONTEND, (),
           "Requests that named a model other than the served names, answered with the served model"),
+    _spec("quiver_frontend_warmup_requests_total", "counter", FRONTEND, (),
+          "Requests a frontend sent through its own routes at start-up, before /health answered 200 (counted "
+          "in quiver_requests_total too)"),
     _spec("quiver_frontend_connections_cut_total", "counter", FRONTEND, ("reason",),
           "HTTP connections closed by the server: header_timeout, header_too_large, too_many_connections"),
 

@@ -30,6 +30,7 @@ from quiver.frontend.models import build_registry
 from quiver.frontend.routes import ROUTES
 from quiver.frontend.service import Service
 from quiver.frontend.tracing import RequestTracer
+from quiver.frontend.warmup import PathWarmup
 
 log = logging.getLogger("quiver.frontend")
 
@@ -94,6 +95,7 @@ def create_app(settings: FrontendSettings) -> FrontendApp:
     extensions = load_extensions(service, settings)
     specs = ROUTES + tuple(spec for extension in extensions for spec in extension.routes)
     tracer = request_tracer(settings)
+    warmup = PathWarmup(registry.services, client, settings.warmup_rounds, settings.api_key)
     routes = [Route(spec.path, RouteApp(endpoint(spec, registry, settings, tracer)), methods=[spec.method])
               for spec in specs]
 
@@ -107,7 +109,9 @@ def create_app(settings: FrontendSettings) -> FrontendApp:
             log.warning("the broker at %s has not answered yet; answering 503 until it does", settings.broker)
         for each in registry.services:
             log.info("frontend serving %s (%s) through broker %s", each.model_name, each.info.kind, settings.broker)
+        warmup.start(app)
         yield
+        await warmup.stop()
         for extension in extensions:
             await extension.stop()
         await client.close()
@@ -126,5 +130,6 @@ def create_app(settings: FrontendSettings) -> FrontendApp:
     app.exact = exact_routes(routes)
     app.state.service = service
     app.state.models = registry
+    app.state.warmup = warmup
     app.state.openapi = build_openapi(specs, keyed=bool(settings.api_key))
     return app

@@ -23,6 +23,7 @@ BUSY_POLL_SECONDS = define("quiver_frontend_busy_poll_seconds_total")
 BAD_MESSAGES = define("quiver_frontend_bad_messages_total")
 OTHER_MODEL_NAMES = define("quiver_frontend_other_model_names_total")
 CONNECTIONS_CUT = define("quiver_frontend_connections_cut_total")
+WARMUP_REQUESTS = define("quiver_frontend_warmup_requests_total")
 
 # The children every request records into, by label values: (route, status, model), (route, reason),
 # (route, stage, model), route.

@@ -31,12 +31,15 @@ def metrics_registry() -> CollectorRegistry:
 
 
 async def health(call: Call) -> Response:
-    """200 while some worker is live; with several models, the live workers of each by name."""
+    """200 while some worker is live and this process has warmed its request path; with several models,
+    the live workers of each by name."""
     client = call.service.client
     if not client.broker_alive:
         raise APIError("unavailable", "the broker is unreachable")
     if client.live_workers == 0 and not await client.recheck_workers():
         raise APIError("unavailable", "no worker is live")
+    if not call.request.app.state.warmup.done:
+        raise APIError("unavailable", "warming up: this process is sending its first requests through the server")
     body: dict[str, object] = {"status": "ok", "live_workers": client.live_workers}
     services = call.request.app.state.models.services
     if len(services) > 1:

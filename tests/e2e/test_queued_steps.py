@@ -23,7 +23,7 @@ def test_a_request_of_four_closed_steps_runs_them_back_to_back(st_model, link_th
     port = free_port()
     with Cluster(workers=1, env={"QUIVER_INJECT_FAULTS": f"step_ms={STEP_MS}"},
                  worker_args=["--metrics-port", str(port), "--max-batch-seqs", "16", "--link-thread", link_thread],
-                 frontend_args=["--max-chunk-seqs", "16"]) as cluster:
+                 frontend_args=["--max-chunk-seqs", "16", "--warmup-rounds", "0"]) as cluster:  # busy: 4 steps
         answer = httpx.post(cluster.url + "/v1/embeddings", json={"input": texts}, timeout=60)
         assert answer.status_code == 200, answer.text
         rows = np.array([item["embedding"] for item in answer.json()["data"]], dtype=np.float32)

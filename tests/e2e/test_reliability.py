@@ -106,8 +106,9 @@ def test_broker_restart(workload, link_thread):
 
 def test_worker_that_raises_on_its_fifth_forward(workload):
     port = free_port()
+    # No warm-up: the 5th forward pass must be the load's.
     cluster = Cluster(workers=1, env={"QUIVER_INJECT_FAULTS": "raise_on_step=5"},
-                      worker_args=["--metrics-port", str(port)])
+                      worker_args=["--metrics-port", str(port)], frontend_args=["--warmup-rounds", "0"])
     with cluster:
         report = load_on(cluster, workload, clients=2).run_for(6)
         assert_nothing_lost(report, "a worker that raises on its 5th forward pass")
@@ -170,7 +171,9 @@ def test_a_worker_that_joins_serves_at_once_although_the_frontends_last_heartbea
     # Heartbeats 3 s apart: the frontend's last answer from the broker says no worker is live for up to
     # 3 s after the worker's READY. A request in that time is served, not refused on the stale count.
     broker_metrics = free_port()
-    cluster = Cluster(workers=0, heartbeat_interval_s=3.0, broker_args=["--metrics-port", str(broker_metrics)])
+    # No warm-up: it would hold /health at 503 for its own few requests once the worker is live.
+    cluster = Cluster(workers=0, heartbeat_interval_s=3.0, broker_args=["--metrics-port", str(broker_metrics)],
+                      frontend_args=["--warmup-rounds", "0"])
     try:
         cluster.start_broker()
         cluster.start_frontend()
