@@ -1,11 +1,12 @@
 """The request path warmed before /health says ready.
 
 A fresh server's first request is the first to run each line of the path: CPython has not specialised
-that code yet, and the tokenizer, the routes, uvicorn's app and the worker's intake meet their first
-input. On an H100 a fresh server's first 512-token text took 16.0 ms at the client against 5.6-6.6 ms for
-the next ones, 3.4 against 1.5 ms of it tokenizing (bench/RESULTS.md, 2026-12-07). So each frontend
-process, once a worker is live, sends a few requests of each served model's kind through its own app: the
-real routes, tokenizer, broker and workers, nothing faked. /health answers 503 until they are answered, or
+that code yet, and the routes, the tokenizer and the worker's intake meet their first input. On an H100 a
+fresh server's first 512-token text took 14.3-16.2 ms at the client against about 6 ms for the next ones
+(bench/RESULTS.md, 2026-12-07, evening); with this warm-up, 10.2 ms: the rest is the connection's set-up
+and the tokenizer's first sight of the text's words. So each frontend process, once a worker is live,
+sends a few requests of each served model's kind through its own app: the real routes, tokenizer, broker
+and workers, nothing faked. /health answers 503 until they are answered, or
 until WARMUP_DEADLINE_S has passed (a worker that never answers must not keep the server unready). Their
 requests are counted in the metrics like any others, under the model's name, and in
 quiver_frontend_warmup_requests_total.
