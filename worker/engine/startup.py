@@ -150,6 +150,9 @@ def check_fp8(engine: Engine, reference: np.ndarray, min_cosine: float) -> float
 
 
 def _probe(engine: Engine, num_tokens: int, seq_len: int, seed: int = 0) -> Batch:
+    """A synthetic batch for start-up's probes, within the engine's token budget: a 1,024-token probe under
+    --max-batch-tokens 1000 overflowed the input buffer, and the fusion sets were dropped as failed."""
+    num_tokens = min(num_tokens, engine.info.max_batch_tokens)
     seq_len = max(1, min(seq_len, engine.info.model.max_input_length, num_tokens))
     return synthetic_batch(num_tokens, seq_len, engine.info.model.vocab_size, seed)
 

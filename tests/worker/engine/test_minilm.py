@@ -47,3 +47,14 @@ def test_a_cpu_engines_default_step_is_short() -> None:
     # one row of the model's longest input where that is longer.
     info = load_engine(default_model_dir()).info
     assert info.max_batch_tokens == max(2048, info.model.max_input_length)
+
+
+def test_start_up_probes_stay_within_the_token_budget() -> None:
+    # Start-up's fusion probe asked for 1,024 tokens whatever the budget: under --max-batch-tokens 1000 it
+    # overflowed the input buffer and every fused set was dropped as failed.
+    from quiver.worker.engine.startup import _probe
+
+    engine = load_engine(default_model_dir(), max_batch_tokens=1000)
+    probe = _probe(engine, 1024, 512)
+    assert probe.num_tokens == 1000 and max(probe.seq_lens) <= engine.info.model.max_input_length
+    assert engine.run_eager(probe).shape == (probe.num_seqs, engine.info.model.output_dim)
