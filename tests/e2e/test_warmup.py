@@ -12,9 +12,9 @@ from tests.e2e.test_reliability import metric
 STEP_MS = 200  # every forward pass of the worker takes this long: the warm-up is slow enough to watch
 
 
-def test_health_is_503_while_the_path_warms_up_then_200_with_every_request_answered() -> None:
+def test_the_warmup_answers_every_request_before_health_says_200_with_an_api_key_too() -> None:
     with Cluster(workers=1, env={"QUIVER_INJECT_FAULTS": f"step_ms={STEP_MS}"},
-                 frontend_args=["--warmup-rounds", "1"]) as cluster:
+                 frontend_args=["--warmup-rounds", "1", "--api-key", "the-key"]) as cluster:
         # Cluster.start returned at the first 200; the worker was live before that, while the warm-up ran.
         log = cluster.frontend.log()
         assert "request path warmed: 9 requests" in log, log
@@ -22,7 +22,10 @@ def test_health_is_503_while_the_path_warms_up_then_200_with_every_request_answe
         assert metric(metrics_url, "quiver_frontend_warmup_requests_total") == 9
         assert metric(metrics_url, "quiver_requests_total", {"route": "/v1/embeddings", "status": "200"}) == 6
         assert metric(metrics_url, "quiver_requests_total", {"route": "/embed", "status": "200"}) == 3
-        assert httpx.post(cluster.url + "/embed", json={"inputs": "after the warm-up"}, timeout=30).status_code == 200
+        assert "warm-up request" not in log, log
+        answer = httpx.post(cluster.url + "/embed", json={"inputs": "after the warm-up"},
+                            headers={"Authorization": "Bearer the-key"}, timeout=30)
+        assert answer.status_code == 200, answer.text
 
 
 def test_health_says_warming_up_until_the_warmup_is_answered() -> None:
