@@ -37,6 +37,10 @@ TEXT_WORDS = (8, 120, 480)
 WORD = "warm"
 
 
+class WarmupRefused(Exception):
+    """A warm-up request was answered with an error: the warm-up ends there."""
+
+
 @dataclass(frozen=True)
 class WarmupRequest:
     path: str
@@ -127,6 +131,8 @@ class PathWarmup:
         try:
             sent = await asyncio.wait_for(self._send_rounds(app), WARMUP_DEADLINE_S)
             log.info("request path warmed: %d requests in %.2f s", sent, time.monotonic() - started)
+        except WarmupRefused as exc:
+            log.warning("%s; serving without the rest of the warm-up", exc)
         except asyncio.TimeoutError:
             log.warning("the request path's warm-up did not finish within %.0f s; serving without it", WARMUP_DEADLINE_S)
         except Exception:
@@ -136,7 +142,7 @@ class PathWarmup:
 
     async def _send_rounds(self, app: ASGIApp) -> int:
         """Each round for every model with a live worker (the others are not waited for), `rounds` times;
-        the first failure ends the warm-up (it is logged)."""
+        the first refused request ends the warm-up (WarmupRefused)."""
         sent = 0
         live = [s for s in self.services if not s.fingerprint or self.client.workers_by_model.get(s.fingerprint, 0)]
         for _ in range(self.rounds):
@@ -146,7 +152,6 @@ class PathWarmup:
                     sent += 1
                     metrics.WARMUP_REQUESTS.inc()
                     if status != 200:
-                        log.warning("warm-up request to %s answered %d: %s; serving without the rest",
-                                    request.path, status, body[:300].decode(errors="replace"))
-                        return sent
+                        raise WarmupRefused(f"warm-up request to {request.path} answered {status}: "
+                                            f"{body[:300].decode(errors='replace')}")
         return sent

@@ -220,7 +220,6 @@ def choose_fusion(engine: Engine, mode: str, min_agreement: float = 0.999) -> di
     chosen = candidates[-1]
     if mode == "auto" and len(candidates) > 1:
         probes = [_probe(engine, 128, 128), _probe(engine, 8192, 512)]
-        probes = [p for p in probes if p.num_tokens <= engine.info.max_batch_tokens]
         times = {}
         for ops in candidates:
             engine.model.ops = ops
@@ -286,8 +285,7 @@ def choose_gelu_epilogue(engine: Engine, min_agreement: float = 0.999) -> dict[s
     separate: ElementwiseOps = engine.model.ops
     fused = dataclasses.replace(separate, gelu_epilogue=True)
     check = _probe(engine, 320, 160, seed=1)
-    probes = [p for p in (_probe(engine, 128, 128), _probe(engine, 8192, 512))
-              if p.num_tokens <= engine.info.max_batch_tokens]
+    probes = [_probe(engine, 128, 128), _probe(engine, 8192, 512)]
 
     def use(ops: ElementwiseOps) -> Callable[[], None]:
         return lambda: setattr(engine.model, "ops", ops)
@@ -318,11 +316,10 @@ def size_memory(engine: Engine, fraction: float) -> None:
     figures, dev = engine.memory, engine.device
     figures.total_bytes = torch.cuda.get_device_properties(dev).total_memory
     figures.budget_bytes = int(figures.total_bytes * fraction)
-    probe_tokens = min(engine.info.max_batch_tokens, 4096)
-    probe = _probe(engine, probe_tokens, 512)
+    probe = _probe(engine, 4096, 512)
     engine.run_eager(probe)  # first run measures attention backends; keep their buffers out of the peak
     peak = peak_bytes_of(lambda: engine.run_eager(probe), dev)
-    figures.bytes_per_token = math.ceil(peak / probe_tokens)
+    figures.bytes_per_token = math.ceil(peak / probe.num_tokens)
     tokens = tokens_within_budget(figures, engine.info.max_batch_tokens)
     if tokens < engine.info.max_batch_tokens:
         log.warning(
