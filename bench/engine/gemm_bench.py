@@ -168,6 +168,34 @@ def bench_gelu_epilogue(tokens_list: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
+def bench_swiglu_product(tokens_list: list[int], bandwidth: float) -> list[dict[str, Any]]:
+    """Qwen3-0.6B's gate/up product and SwiGLU: the product then the Triton SwiGLU (the separate units)
+    against the one kernel of swiglu_product.py, µs per call in a graph over weight copies that outgrow L2.
+    The bound is the one kernel's bytes (input, weight, output once each) at the copy bandwidth."""
+    from quiver.worker.engine.layers import swiglu_product
+
+    k, inter = 1024, 3072
+    copies = max(2, -(-L2_FLUSH_BYTES // (2 * inter * k * 2)))
+    weights = [(torch.randn(2 * inter, k, device="cuda") * k ** -0.5).bfloat16() for _ in range(copies)]
+    rows = []
+    print("| Qwen3-0.6B gate/up + SwiGLU, M | bound µs | separate µs | one kernel µs | one kernel × bound | "
+          "separate / one kernel | elements differing |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for tokens in tokens_list:
+        x = torch.randn(tokens, k, device="cuda").bfloat16()
+        separate = _graph_us([lambda w=w, x=x: triton_ops.silu_mul(torch.nn.functional.linear(x, w))
+                              for w in weights])
+        one = _graph_us([lambda w=w, x=x: swiglu_product.gate_up_silu(x, w) for w in weights])
+        bound = (tokens * k + 2 * inter * k + tokens * inter) * 2 / bandwidth / 1e3
+        differing = (swiglu_product.gate_up_silu(x, weights[0])
+                     != triton_ops.silu_mul(torch.nn.functional.linear(x, weights[0]))).float().mean().item()
+        rows.append({"M": tokens, "bound_us": round(bound, 2), "separate_us": round(separate, 2),
+                     "one_kernel_us": round(one, 2), "differing": differing})
+        print(f"| {tokens} | {bound:.1f} | {separate:.1f} | {one:.1f} | {one / bound:.2f} | {separate / one:.2f} | "
+              f"{differing:.2%} |", flush=True)
+    return rows
+
+
 def print_header() -> None:
     print("| shape | product | M | bound µs (weight read at the copy bandwidth) | " +
           " | ".join(f"{v} µs (TB/s)" for v in VARIANTS) + " |")

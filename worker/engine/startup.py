@@ -1,27 +1,30 @@
-"""load_engine: build the model, then (on a GPU) choose the fusion, the BLAS library and the GELU epilogue,
-size the token budget to the memory fraction, measure attention backends at common shapes, capture every
-CUDA graph, and log what the engine holds. With dtype fp8, the model is first held to a float32 reference."""
+"""load_engine: build the model, then (on a GPU) make choices.py's measured choices (fusion, BLAS library,
+GELU epilogue, SwiGLU product), size the token budget to the memory fraction, measure attention backends at
+common shapes, capture every CUDA graph, and log what the engine holds. With dtype fp8, the model is first
+held to a float32 reference."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from quiver.common.model_info import ModelError, ModelInfo, load_model_info
 from quiver.worker.engine.batch import Batch
-from quiver.worker.engine.buckets import DEFAULT_GRAPH_MAX_TOKENS, GraphLimits, plan_shape
-from quiver.worker.engine.engine import Engine, elapsed_since, synthetic_batch
-from quiver.worker.engine.graphs import pool_reserved_bytes, time_with_graph
+from quiver.worker.engine.buckets import DEFAULT_GRAPH_MAX_TOKENS
+from quiver.worker.engine.choices import (
+    choose_blas, choose_fusion, choose_gelu_epilogue, choose_swiglu_product, fusion_agreement, least_cosine,
+    probe_batch,
+)
+from quiver.worker.engine.engine import Engine, elapsed_since
+from quiver.worker.engine.graphs import pool_reserved_bytes
 from quiver.worker.engine.layers.attention_select import context_for_lens
-from quiver.worker.engine.layers.fused import GELU_KINDS, ElementwiseOps, compiled_ops, plain_ops, triton_kernel_ops
+from quiver.worker.engine.layers.fused import plain_ops
 from quiver.worker.engine.layers.linear import fp8_unavailable_reason
 from quiver.worker.engine.loader import build_model
 from quiver.worker.engine.memory import describe, peak_bytes_of, tokens_within_budget
@@ -105,6 +108,7 @@ def load_engine(
         detail.update(choose_fusion(engine, fusion, agreement))
         detail.update(choose_blas(engine))
         detail.update(choose_gelu_epilogue(engine, agreement))
+        detail.update(choose_swiglu_product(engine, agreement))
         phase = time.perf_counter()
         size_memory(engine, gpu_memory_fraction or DEFAULT_GPU_MEMORY_FRACTION)
         survey_attention(engine)
@@ -139,7 +143,7 @@ def float32_rows(info: ModelInfo, device: torch.device, max_batch_tokens: int, m
 def check_fp8(engine: Engine, reference: np.ndarray, min_cosine: float) -> float:
     """The FP8 engine's least cosine with the float32 reference; a ModelError below min_cosine."""
     model = engine.info.model
-    cosine = _min_cosine(engine.run_eager(accuracy_probe(model.vocab_size, model.max_input_length)), reference)
+    cosine = least_cosine(engine.run_eager(accuracy_probe(model.vocab_size, model.max_input_length)), reference)
     if not cosine >= min_cosine:
         raise ModelError(
             f"{model.name} cannot be served in FP8: its results keep a cosine of only {cosine:.5f} with the "
@@ -149,174 +153,12 @@ def check_fp8(engine: Engine, reference: np.ndarray, min_cosine: float) -> float
     return round(cosine, 6)
 
 
-def _probe(engine: Engine, num_tokens: int, seq_len: int, seed: int = 0) -> Batch:
-    """A synthetic batch for start-up's probes, within the engine's token budget: a 1,024-token probe under
-    --max-batch-tokens 1000 overflowed the input buffer, and the fusion sets were dropped as failed."""
-    num_tokens = min(num_tokens, engine.info.max_batch_tokens)
-    seq_len = max(1, min(seq_len, engine.info.model.max_input_length, num_tokens))
-    return synthetic_batch(num_tokens, seq_len, engine.info.model.vocab_size, seed)
-
-
-def _graph_time_ms(engine: Engine, batch: Batch) -> float:
-    """Replay time of one step in a throw-away CUDA graph, after an eager warm-up."""
-    limits = GraphLimits(engine.info.max_batch_tokens, batch.num_seqs + 1, engine.info.model.max_input_length)
-    shape = plan_shape(batch.seq_lens, limits)
-    with torch.inference_mode(), torch.cuda.stream(engine.stream):
-        tensors = engine.upload(batch, shape)
-
-        def forward() -> torch.Tensor:
-            return engine.forward_step(shape, tensors)
-
-        forward()
-        return time_with_graph(forward)
-
-
-def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.min(np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-30)))
-
-
-def _fusion_candidate(engine: Engine, name: str) -> ElementwiseOps:
-    """Build one fused op set and install it; compile (or JIT) its kernels now, not while serving: one
-    row (a size-1 dimension is its own specialisation) and several."""
-    engine.model.ops = compiled_ops() if name == "compile" else triton_kernel_ops()
-    for tokens, seq_len in ((64, 64), (192, 96), (1024, 512)):
-        engine.run_eager(_probe(engine, tokens, seq_len))
-    return engine.model.ops
-
-
-def fusion_agreement(fp8_cosine: float | None) -> float:
-    """The least cosine a fused set must keep with the plain units: 0.999, or for an FP8 engine twice its
-    own divergence from float32 below 1 (two runs whose bf16 roundings differ by one unit meet different
-    e4m3 roundings, and drift apart by about as much as each drifts from float32)."""
-    return 0.999 if fp8_cosine is None else min(0.999, 1 - 2 * (1 - fp8_cosine))
-
-
-def choose_fusion(engine: Engine, mode: str, min_agreement: float = 0.999) -> dict[str, Any]:
-    """Build the fused elementwise sets (torch.compile, hand-written Triton, or, under "auto", both);
-    keep one only if it agrees with the plain units (cosine above min_agreement), and under "auto" the one
-    whose graph replays measure fastest, plain included."""
-    if mode == "none":
-        return {}
-    plain: ElementwiseOps = engine.model.ops
-    check = _probe(engine, 320, 160, seed=1)
-    reference = engine.run_eager(check)
-    candidates = [plain]
-    detail: dict[str, Any] = {}
-    for name in ("compile", "triton") if mode == "auto" else (mode,):
-        start = time.perf_counter()
-        try:
-            ops = _fusion_candidate(engine, name)
-            cosine = _min_cosine(engine.run_eager(check), reference)
-        except Exception as exc:  # noqa: BLE001 - any compiler or kernel failure: not a candidate
-            log.warning("%s fusion failed, not used: %s", name, exc)
-            continue
-        finally:
-            engine.model.ops = plain
-            detail[f"{name}_s"] = elapsed_since(start)
-        if cosine <= min_agreement:
-            log.warning("%s units disagree with plain ones (cosine %.6f); not used", name, cosine)
-            continue
-        candidates.append(ops)
-    chosen = candidates[-1]
-    if mode == "auto" and len(candidates) > 1:
-        probes = [_probe(engine, 128, 128), _probe(engine, 8192, 512)]
-        times = {}
-        for ops in candidates:
-            engine.model.ops = ops
-            try:
-                times[ops.mode] = [round(_graph_time_ms(engine, p), 3) for p in probes]
-            except Exception as exc:  # noqa: BLE001 - an op set that cannot be timed is not chosen
-                log.warning("fusion probe with %s ops failed: %s", ops.mode, exc)
-                times[ops.mode] = [float("inf")]
-        detail["fusion_probe_ms"] = times
-        chosen = min(candidates, key=lambda ops: sum(times[ops.mode]))
-        log.info("fusion probe (graph replay ms at %s tokens): %s", [p.num_tokens for p in probes], times)
-    engine.model.ops = chosen
-    engine.info.fusion = chosen.mode
-    return detail
-
-
-BLAS_LIBRARIES = ("cublas", "cublaslt")
-
-
-def _alternating_times_ms(engine: Engine, probes: list[Batch], variants: dict[str, Callable[[], object]],
-                          rounds: int = 2) -> dict[str, list[float]]:
-    """Graph replay ms of each probe under each variant (installed by calling it), the least over `rounds`
-    rounds that alternate between the variants, so that a drift of the GPU's clock meets them all alike."""
-    times: dict[str, list[float]] = {}
-    for _ in range(rounds):
-        for name, install in variants.items():
-            install()
-            sample = [_graph_time_ms(engine, p) for p in probes]
-            times[name] = [min(a, b) for a, b in zip(times.get(name, sample), sample)]
-    return times
-
-
-def _rounded(times: dict[str, list[float]]) -> dict[str, list[float]]:
-    return {name: [round(t, 3) for t in values] for name, values in times.items()}
-
-
-def choose_blas(engine: Engine) -> dict[str, Any]:
-    """cuBLAS or cuBLASLt for the bf16 products, whichever replays short steps (128 and 512 tokens, where
-    the products are bound by reading their weights) faster, in two alternating rounds; before any graph
-    is captured. torch's preference is process-wide: one worker serves one engine."""
-    probes = [_probe(engine, 128, 128), _probe(engine, 512, 512)]
-    prefer = torch.backends.cuda.preferred_blas_library
-    try:
-        times = _alternating_times_ms(engine, probes, {library: functools.partial(prefer, library)
-                                                       for library in BLAS_LIBRARIES})
-    except Exception as exc:  # noqa: BLE001 - a library that cannot be timed is not chosen; cuBLAS stays
-        log.warning("blas probe failed, keeping cublas: %s", exc)
-        prefer(BLAS_LIBRARIES[0])
-        return {}
-    chosen = min(BLAS_LIBRARIES, key=lambda library: sum(times[library]))
-    prefer(chosen)
-    engine.info.blas = chosen
-    log.info("blas probe (graph replay ms at 128 / 512 tokens): %s; using %s", _rounded(times), chosen)
-    return {"blas_probe_ms": _rounded(times)}
-
-
-def choose_gelu_epilogue(engine: Engine, min_agreement: float = 0.999) -> dict[str, Any]:
-    """For a model with GELU layers: their product, bias and GELU in one cuBLASLt call (the epilogue
-    computes GELU's tanh form), kept if it agrees with the separate units (cosine above min_agreement)
-    and replays the probes (128 and 8,192 tokens) faster, in two alternating rounds."""
-    if getattr(engine.model, "hidden_act", "") not in GELU_KINDS:
-        return {}
-    separate: ElementwiseOps = engine.model.ops
-    fused = dataclasses.replace(separate, gelu_epilogue=True)
-    check = _probe(engine, 320, 160, seed=1)
-    probes = [_probe(engine, 128, 128), _probe(engine, 8192, 512)]
-
-    def use(ops: ElementwiseOps) -> Callable[[], None]:
-        return lambda: setattr(engine.model, "ops", ops)
-
-    try:
-        reference = engine.run_eager(check)
-        use(fused)()
-        cosine = _min_cosine(engine.run_eager(check), reference)
-        if cosine <= min_agreement:
-            log.warning("the GELU epilogue disagrees with the separate units (cosine %.6f); not used", cosine)
-            return {}
-        times = _alternating_times_ms(engine, probes, {"separate": use(separate), "epilogue": use(fused)})
-    except Exception as exc:  # noqa: BLE001 - an epilogue that cannot run or be timed is not used
-        log.warning("GELU epilogue probe failed, not used: %s", exc)
-        return {}
-    finally:
-        use(separate)()
-    if sum(times["epilogue"]) < sum(times["separate"]):
-        use(fused)()
-        engine.info.gelu_epilogue = True
-    log.info("GELU epilogue probe (graph replay ms at %s tokens): %s; %s", [p.num_tokens for p in probes],
-             _rounded(times), "using the epilogue" if engine.info.gelu_epilogue else "keeping separate units")
-    return {"gelu_epilogue_probe_ms": _rounded(times), "gelu_epilogue_cosine": round(cosine, 6)}
-
-
 def size_memory(engine: Engine, fraction: float) -> None:
     """Fit the token budget and graph buckets into fraction of the GPU; measure the activation peak."""
     figures, dev = engine.memory, engine.device
     figures.total_bytes = torch.cuda.get_device_properties(dev).total_memory
     figures.budget_bytes = int(figures.total_bytes * fraction)
-    probe = _probe(engine, 4096, 512)
+    probe = probe_batch(engine, 4096, 512)
     engine.run_eager(probe)  # first run measures attention backends; keep their buffers out of the peak
     peak = peak_bytes_of(lambda: engine.run_eager(probe), dev)
     figures.bytes_per_token = math.ceil(peak / probe.num_tokens)
@@ -327,7 +169,7 @@ def size_memory(engine: Engine, fraction: float) -> None:
             fraction, engine.info.max_batch_tokens, tokens,
         )
         engine.set_graph_limits(tokens, engine.info.max_batch_seqs)
-    largest = _probe(engine, engine.info.max_batch_tokens, 512)
+    largest = probe_batch(engine, engine.info.max_batch_tokens, 512)
     engine.run_eager(largest)
     figures.activation_peak_bytes = peak_bytes_of(lambda: engine.run_eager(largest), dev)
     engine.info.activation_peak_bytes = figures.activation_peak_bytes
@@ -379,10 +221,11 @@ def log_startup(engine: Engine) -> None:
     info, figures = engine.info, engine.memory
     log.info(
         "engine ready: %s (%s) on %s in %s; output dim %d; up to %d tokens / %d sequences per step; "
-        "CUDA graphs %s (up to %d tokens); fusion %s; products %s%s; attention backends %s",
+        "CUDA graphs %s (up to %d tokens); fusion %s; products %s%s%s; attention backends %s",
         info.model.name, info.model.kind, info.device, info.dtype, info.output_dim,
         info.max_batch_tokens, info.max_batch_seqs, "on" if info.cuda_graphs else "off",
         info.graph_max_tokens, info.fusion, info.blas, " with the GELU epilogue" if info.gelu_epilogue else "",
+        " with the SwiGLU product" if info.swiglu_product else "",
         info.attention_backends,
     )
     if engine.on_gpu:

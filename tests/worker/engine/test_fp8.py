@@ -24,7 +24,8 @@ from quiver.worker.engine.engine import Engine
 from quiver.worker.engine.layers.fused import plain_ops
 from quiver.worker.engine.layers.linear import FP8_DTYPE, FP8_MAX, Fp8Weight, fp8_linear, quantize_rows, quantize_weight
 from quiver.worker.engine.loader import build_model
-from quiver.worker.engine.startup import DtypeUnavailable, check_fp8, float32_rows, fusion_agreement
+from quiver.worker.engine.choices import fusion_agreement
+from quiver.worker.engine.startup import DtypeUnavailable, check_fp8, float32_rows
 from tests.worker.engine.families import FAMILIES, VOCAB, reference_rows, write_family
 
 # e4m3 keeps 3 mantissa bits: a normal value rounds to within 2**-4 of itself; values below the

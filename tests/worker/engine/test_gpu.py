@@ -8,6 +8,7 @@ script) lets this file reuse those of engine_bench.py.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import deque
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 
 from quiver.bench.engine.checkpoints import BENCH_MODELS, ensure_bench_checkpoint, load_reference
 from tests.worker.engine.families import FAMILIES, write_family
-from quiver.worker.engine import Batch, Engine, LazyTensor, SlotsBusyError, load_engine
+from quiver.worker.engine import Batch, Engine, LazyTensor, SlotsBusyError, graphs, load_engine
 
 pytestmark = pytest.mark.gpu
 
@@ -133,12 +134,16 @@ def test_fp8_graph_replay_equals_eager(family_name: str, tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("family_name", ["qwen3_causal_last", "bert_mean", "xlmr_classifier", "qwen3_reranker"])
-def test_graph_replay_equals_eager(family_name: str, tmp_path: Path) -> None:
+def test_graph_replay_equals_eager(family_name: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     family = next(f for f in FAMILIES if f.name == family_name)
     path, _ = write_family(family, tmp_path)
-    engine = load_engine(path, device="cuda")
+    with caplog.at_level(logging.WARNING):
+        engine = load_engine(path, device="cuda")
     captured = engine.stats()["captures"]
     assert captured == len(engine.graph_shapes()) > 0 and engine.stats()["capture_failures"] == 0
+    # every graph went to the device through cuGraphUpload, none through the replay fallback
+    assert graphs._cu_graph_upload() is not None
+    assert not [r.getMessage() for r in caplog.records if "replay" in r.getMessage()], caplog.text
     assert engine.stats()["graph_pool_bytes"] > 0  # the captures' outputs alone live in the pool
     rng = np.random.default_rng(3)
     sequences = [rng.integers(4, 90, size=n, dtype=np.int32) for n in (5, 17, 100, 3)]

@@ -52,9 +52,9 @@ def test_a_cpu_engines_default_step_is_short() -> None:
 def test_start_up_probes_stay_within_the_token_budget() -> None:
     # Start-up's fusion probe asked for 1,024 tokens whatever the budget: under --max-batch-tokens 1000 it
     # overflowed the input buffer and every fused set was dropped as failed.
-    from quiver.worker.engine.startup import _probe
+    from quiver.worker.engine.choices import probe_batch
 
     engine = load_engine(default_model_dir(), max_batch_tokens=1000)
-    probe = _probe(engine, 1024, 512)
+    probe = probe_batch(engine, 1024, 512)
     assert probe.num_tokens == 1000 and max(probe.seq_lens) <= engine.info.model.max_input_length
     assert engine.run_eager(probe).shape == (probe.num_seqs, engine.info.model.output_dim)

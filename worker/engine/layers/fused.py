@@ -75,6 +75,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 TANH_GELU_KINDS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 GELU_KINDS = ("gelu", *TANH_GELU_KINDS)
+# Below it the one-kernel SwiGLU product is no faster than the separate units, a short product's time being
+# mostly fixed cost: on an H100, 14.4 against 14.0 µs at 512 tokens, 24.3 against 24.0 at 1,024, 45.9 against
+# 50.3 at 2,048 (bench/RESULTS.md, 2026-12-07, last sitting).
+SWIGLU_PRODUCT_MIN_TOKENS = 2048
 
 
 def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -125,6 +129,8 @@ class ElementwiseOps:
     embed_layer_norm: Callable[..., torch.Tensor]
     quantize_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     gelu_epilogue: bool = False  # a GELU layer's product, bias and GELU in one cuBLASLt call (start-up chooses)
+    # A SwiGLU layer's gate/up product and SwiGLU in one Triton kernel (swiglu_product.py; start-up chooses).
+    swiglu_product: Callable[..., torch.Tensor] | None = None
 
     def linear(self, x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
         """A dense layer's product: cuBLAS for a plain weight, torch._scaled_mm for an FP8 one (its
@@ -141,6 +147,15 @@ class ElementwiseOps:
         if self.gelu_epilogue and kind in GELU_KINDS and bias is not None and not isinstance(weight, Fp8Weight):
             return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
         return self.activation(self.linear(x, weight, bias), kind)
+
+
+    def linear_silu_mul(self, x: torch.Tensor, gate_up_weight: LinearWeight) -> torch.Tensor:
+        """silu_mul(linear(x, gate_up_weight)): with swiglu_product, a step of SWIGLU_PRODUCT_MIN_TOKENS or
+        more with a plain weight runs it as one kernel, which never writes the [T, 2 I] product."""
+        if (self.swiglu_product is not None and x.shape[0] >= SWIGLU_PRODUCT_MIN_TOKENS
+                and not isinstance(gate_up_weight, Fp8Weight)):
+            return self.swiglu_product(x, gate_up_weight)
+        return self.silu_mul(self.linear(x, gate_up_weight))
 
 
 _UNITS: dict[str, Any] = {

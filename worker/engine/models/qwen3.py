@@ -120,7 +120,7 @@ class Qwen3:
             context = attention(q, k, v, attn).reshape(tokens, spec.num_heads * spec.head_dim)
             projected = ops.linear(context, layer.o_weight, layer.o_bias)
             hidden, residual = ops.add_rms_norm(projected, residual, layer.post_attention_norm, self.eps)
-            mlp_out = ops.linear(ops.silu_mul(ops.linear(hidden, layer.gate_up_weight)), layer.down_weight)
+            mlp_out = ops.linear(ops.linear_silu_mul(hidden, layer.gate_up_weight), layer.down_weight)
             if i < last:
                 hidden, residual = ops.add_rms_norm(mlp_out, residual, self.layers[i + 1].input_norm, self.eps)
             else:
