@@ -1,5 +1,6 @@
 """Start-up's measured choices of how a model's layers run on a GPU: the fused elementwise set (plain,
-torch.compile or Triton), cuBLAS or cuBLASLt, the GELU epilogue and the SwiGLU product. Each is kept only
+torch.compile or Triton), cuBLAS or cuBLASLt, the GELU epilogue, the SwiGLU product and the residual
+epilogue. Each is kept only
 if its rows agree with the units it replaces and its graph replays measure faster on synthetic probes."""
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from quiver.worker.engine.buckets import GraphLimits, plan_shape
 from quiver.worker.engine.engine import Engine, elapsed_since, synthetic_batch
 from quiver.worker.engine.graphs import time_with_graph
 from quiver.worker.engine.layers.fused import (
-    GELU_KINDS, SWIGLU_PRODUCT_MIN_TOKENS, ElementwiseOps, compiled_ops, triton_kernel_ops,
+    GELU_KINDS, RESIDUAL_EPILOGUE_MIN_TOKENS, SWIGLU_PRODUCT_MIN_TOKENS, ElementwiseOps, compiled_ops,
+    triton_kernel_ops,
 )
 
 log = logging.getLogger("quiver.engine")
@@ -195,16 +197,24 @@ def choose_gelu_epilogue(engine: Engine, min_agreement: float = 0.999) -> dict[s
     return {f"gelu_epilogue_{name}": value for name, value in figures.items()}
 
 
+def _variant_applies(engine: Engine, variant: str, min_tokens: int) -> bool:
+    """Whether the model runs differently with this op-set variant (its OP_VARIANTS) and could use it: its
+    products' weights plain (FP8 ones stay torch._scaled_mm's) and steps of min_tokens within the budget."""
+    layers = getattr(engine.model, "layers", [])
+    return (variant in getattr(engine.model, "OP_VARIANTS", ()) and engine.info.max_batch_tokens >= min_tokens
+            and all(isinstance(getattr(layer, name), torch.Tensor) for layer in layers
+                    for name in layer.LINEAR_WEIGHTS))
+
+
 def choose_swiglu_product(engine: Engine, min_agreement: float = 0.999) -> dict[str, Any]:
     """For a model with SwiGLU layers on Hopper or newer: the gate/up product and SwiGLU in one Triton
     kernel (layers/swiglu_product.py) for steps of SWIGLU_PRODUCT_MIN_TOKENS or more, kept if it agrees with
     the separate units and replays the probes (2,048 and 8,192 tokens) faster."""
-    weights = [getattr(layer, "gate_up_weight", None) for layer in getattr(engine.model, "layers", [])]
-    if not weights or not all(isinstance(w, torch.Tensor) for w in weights):
-        return {}  # no SwiGLU layers, or FP8 weights (their products stay torch._scaled_mm's)
+    if not _variant_applies(engine, "swiglu_product", SWIGLU_PRODUCT_MIN_TOKENS):
+        return {}
     from quiver.worker.engine.layers import swiglu_product
 
-    reason = swiglu_product.unsupported_reason(weights[0])
+    reason = swiglu_product.unsupported_reason(engine.model.layers[0].gate_up_weight)
     if reason:
         log.info("SwiGLU product not probed: %s", reason)
         return {}
@@ -214,3 +224,17 @@ def choose_swiglu_product(engine: Engine, min_agreement: float = 0.999) -> dict[
     kept, figures = _keep_if_faster(engine, "SwiGLU product", fused, check, probes, min_agreement)
     engine.info.swiglu_product = kept
     return {f"swiglu_product_{name}": value for name, value in figures.items()}
+
+
+def choose_residual_epilogue(engine: Engine, min_agreement: float = 0.999) -> dict[str, Any]:
+    """For a model whose products are followed by a residual add: the residual added inside the product
+    (torch.addmm) for steps of RESIDUAL_EPILOGUE_MIN_TOKENS or more, the norm after it alone; kept if it
+    agrees with the separate units and replays the probes (2,048 and 8,192 tokens) faster."""
+    if not _variant_applies(engine, "residual_epilogue", RESIDUAL_EPILOGUE_MIN_TOKENS):
+        return {}
+    fused = dataclasses.replace(engine.model.ops, residual_epilogue=True)
+    check = probe_batch(engine, 2 * RESIDUAL_EPILOGUE_MIN_TOKENS, 512, seed=1)
+    probes = [probe_batch(engine, 2048, 512), probe_batch(engine, 8192, 512)]
+    kept, figures = _keep_if_faster(engine, "residual epilogue", fused, check, probes, min_agreement)
+    engine.info.residual_epilogue = kept
+    return {f"residual_epilogue_{name}": value for name, value in figures.items()}

@@ -106,3 +106,4 @@ def test_a_qwen3_engine_with_the_one_kernel_gives_the_rows_it_gives_without(tmp_
     with_kernel = engine.run_eager(batch)
     cosines = np.sum(without * with_kernel, 1) / (np.linalg.norm(without, axis=1) * np.linalg.norm(with_kernel, axis=1))
     assert cosines.min() > 0.9999, cosines
+
