@@ -38,11 +38,7 @@ if [ -n "${BASE:-}" ]; then
 fi
 tree_dir() { if [ "$1" = base ]; then echo "$WORK/base"; else echo "$NEW"; fi; }
 fraction=$(python3 -c "print(round(0.85 / ${#trees[@]}, 2))")
-metrics() {  # the worker's counters that say what its traffic did, one line, labels left out
-  curl -s "http://127.0.0.1:$1/metrics" \
-    | grep -E "^quiver_worker_(graph_(warmups|captures|replays)_total|eager_steps_total|busy_seconds_total|chunks_total\{.*outcome=\"ok\"|step_seconds_(count|sum)|queued_steps_total|startup_seconds)" \
-    | sed -E 's/^quiver_worker_([a-z_]+)\{[^}]*\} /\1=/' | paste -sd " " | tee -a "$log"
-}
+metrics() { worker_counters "$1" | tee -a "$log"; }  # the worker's counters, one line, labels left out
 declare -A port=() metrics_port=() pid=()
 IFS=, read -r -a shapes <<< "$SHAPES"
 for shape_index in "${!shapes[@]}"; do

@@ -9,7 +9,8 @@
 # sit idle. A configuration is NAME:VAR=VALUE,VAR=VALUE
 # (QUIVER_* variables of `quiver serve` and its children). LEVELS and CLIENT_REQUESTS set the concurrency
 # benchmark's client counts and requests per client (default 1,4,16 and 100). Writes link-ab.txt (the tables) and
-# link-ab.tar.gz (floor-*.json, concurrency-*.json, the servers' logs) to $OUT.
+# link-ab.tar.gz (floor-*.json, concurrency-*.json, the servers' logs) to $OUT. After each configuration's
+# concurrency run its worker's counters since start (steps, chunks, busy seconds, graph use) are printed.
 #
 #   ROUNDS=2 bash bench/link_ab_gpu.sh thread:QUIVER_LINK_THREAD=on inline:QUIVER_LINK_THREAD=off
 #   FLOOR=0 LEVELS=1,4,8,16 CLIENT_REQUESTS=200 bash bench/link_ab_gpu.sh one:QUIVER_HTTP_PROCESSES=1 two:QUIVER_HTTP_PROCESSES=2
@@ -40,7 +41,7 @@ for config in "${configs[@]}"; do
   next_port=$((next_port + 1))
   IFS=, read -r -a assignments <<< "${config#*:}"
   env "${assignments[@]}" python3 -m quiver serve --model "$ckpt" --device "$DEVICE" --port "${port[$name]}" \
-    --gpu-memory-fraction "$fraction" --broker-metrics-port 0 --worker-metrics-port 0 \
+    --gpu-memory-fraction "$fraction" --broker-metrics-port 0 --worker-metrics-port "$((port[$name] + 1000))" \
     > "$WORK/results/serve-$name.log" 2>&1 &
   pid[$name]=$!
 done
@@ -67,6 +68,7 @@ for round in $(seq "$ROUNDS"); do
     python3 -m quiver.bench.cli --url "http://127.0.0.1:${port[$name]}" --model "$ckpt" --benchmarks concurrency \
       --concurrency-levels "$LEVELS" --concurrency-requests "$CLIENT_REQUESTS" --baselines none --out "$bench" > "$bench.log" 2>&1
     grep -i -A8 "^## concurren" "$bench/results.md" | tee -a "$log"
+    echo "worker's counters since start: $(worker_counters "$((port[$name] + 1000))")" | tee -a "$log"
     cp "$bench/results.json" "$WORK/results/concurrency-$name-$round.json" 2>/dev/null
   done
 done
