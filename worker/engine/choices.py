@@ -1,7 +1,8 @@
 """Start-up's measured choices of how a model's layers run on a GPU: the fused elementwise set (plain,
 torch.compile or Triton), cuBLAS or cuBLASLt, the GELU epilogue, the SwiGLU product and the residual
-epilogue. Each is kept only
-if its rows agree with the units it replaces and its graph replays measure faster on synthetic probes."""
+epilogue. Each is kept only if its rows agree with the units it replaces and its graph replays measure
+faster on synthetic probes; the last three live in the model's op set (ElementwiseOps), where the log reads
+them from."""
 
 from __future__ import annotations
 
@@ -153,10 +154,11 @@ def choose_blas(engine: Engine) -> dict[str, Any]:
     return {"blas_probe_ms": _rounded(times)}
 
 
-def _keep_if_faster(engine: Engine, label: str, variant: ElementwiseOps, check: Batch, probes: list[Batch],
-                    min_agreement: float) -> tuple[bool, dict[str, Any]]:
+def _keep_if_faster(engine: Engine, key: str, label: str, variant: ElementwiseOps, check: Batch,
+                    probes: list[Batch], min_agreement: float) -> dict[str, Any]:
     """Install `variant` of the model's op set if its rows agree with the current set's on `check` (cosine
-    above min_agreement) and it replays `probes` faster in two alternating rounds; (kept, its figures)."""
+    above min_agreement) and it replays `probes` faster in two alternating rounds; its figures for the
+    start-up detail, named `key`_probe_ms and `key`_cosine ({} if it could not run or disagreed)."""
     current: ElementwiseOps = engine.model.ops
 
     def use(ops: ElementwiseOps) -> Callable[[], None]:
@@ -168,11 +170,11 @@ def _keep_if_faster(engine: Engine, label: str, variant: ElementwiseOps, check: 
         cosine = least_cosine(engine.run_eager(check), reference)
         if cosine <= min_agreement:
             log.warning("%s disagrees with the separate units (cosine %.6f); not used", label, cosine)
-            return False, {}
+            return {}
         times = _alternating_times_ms(engine, probes, {"separate": use(current), label: use(variant)})
     except Exception as exc:  # noqa: BLE001 - a variant that cannot run or be timed is not used
         log.warning("%s probe failed, not used: %s", label, exc)
-        return False, {}
+        return {}
     finally:
         use(current)()
     kept = sum(times[label]) < sum(times["separate"])
@@ -180,7 +182,7 @@ def _keep_if_faster(engine: Engine, label: str, variant: ElementwiseOps, check: 
         use(variant)()
     log.info("%s probe (graph replay ms at %s tokens): %s; %s", label, [p.num_tokens for p in probes],
              _rounded(times), "using it" if kept else "keeping separate units")
-    return kept, {"probe_ms": _rounded(times), "cosine": round(cosine, 6)}
+    return {f"{key}_probe_ms": _rounded(times), f"{key}_cosine": round(cosine, 6)}
 
 
 def choose_gelu_epilogue(engine: Engine, min_agreement: float = 0.999) -> dict[str, Any]:
@@ -191,10 +193,8 @@ def choose_gelu_epilogue(engine: Engine, min_agreement: float = 0.999) -> dict[s
         return {}
     fused = dataclasses.replace(engine.model.ops, gelu_epilogue=True)
     probes = [probe_batch(engine, 128, 128), probe_batch(engine, 8192, 512)]
-    kept, figures = _keep_if_faster(engine, "GELU epilogue", fused, probe_batch(engine, 320, 160, seed=1), probes,
-                                    min_agreement)
-    engine.info.gelu_epilogue = kept
-    return {f"gelu_epilogue_{name}": value for name, value in figures.items()}
+    check = probe_batch(engine, 320, 160, seed=1)
+    return _keep_if_faster(engine, "gelu_epilogue", "GELU epilogue", fused, check, probes, min_agreement)
 
 
 def _variant_applies(engine: Engine, variant: str, min_tokens: int) -> bool:
@@ -221,9 +221,7 @@ def choose_swiglu_product(engine: Engine, min_agreement: float = 0.999) -> dict[
     fused = dataclasses.replace(engine.model.ops, swiglu_product=swiglu_product.gate_up_silu)
     check = probe_batch(engine, 2 * SWIGLU_PRODUCT_MIN_TOKENS, 512, seed=1)
     probes = [probe_batch(engine, 2048, 512), probe_batch(engine, 8192, 512)]
-    kept, figures = _keep_if_faster(engine, "SwiGLU product", fused, check, probes, min_agreement)
-    engine.info.swiglu_product = kept
-    return {f"swiglu_product_{name}": value for name, value in figures.items()}
+    return _keep_if_faster(engine, "swiglu_product", "SwiGLU product", fused, check, probes, min_agreement)
 
 
 def choose_residual_epilogue(engine: Engine, min_agreement: float = 0.999) -> dict[str, Any]:
@@ -235,6 +233,5 @@ def choose_residual_epilogue(engine: Engine, min_agreement: float = 0.999) -> di
     fused = dataclasses.replace(engine.model.ops, residual_epilogue=True)
     check = probe_batch(engine, 2 * RESIDUAL_EPILOGUE_MIN_TOKENS, 512, seed=1)
     probes = [probe_batch(engine, 2048, 512), probe_batch(engine, 8192, 512)]
-    kept, figures = _keep_if_faster(engine, "residual epilogue", fused, check, probes, min_agreement)
-    engine.info.residual_epilogue = kept
-    return {f"residual_epilogue_{name}": value for name, value in figures.items()}
+    return _keep_if_faster(engine, "residual_epilogue", "residual epilogue", fused, check, probes,
+                           min_agreement)

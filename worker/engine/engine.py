@@ -61,9 +61,6 @@ class EngineInfo:
     startup_seconds: float = 0.0
     startup_detail: dict[str, Any] = field(default_factory=dict)
     blas: str = "cublas"  # the library of the bf16 products (start-up chooses on a GPU)
-    gelu_epilogue: bool = False  # GELU layers' product, bias and GELU in one call (start-up chooses on a GPU)
-    swiglu_product: bool = False  # SwiGLU layers' gate/up product and SwiGLU in one kernel (likewise)
-    residual_epilogue: bool = False  # residual adds inside the products before them (likewise)
 
 
 class Engine:

@@ -219,15 +219,15 @@ def capture_graphs(engine: Engine) -> dict[str, Any]:
 
 
 def log_startup(engine: Engine) -> None:
-    info, figures = engine.info, engine.memory
+    info, figures, ops = engine.info, engine.memory, engine.model.ops
     log.info(
         "engine ready: %s (%s) on %s in %s; output dim %d; up to %d tokens / %d sequences per step; "
         "CUDA graphs %s (up to %d tokens); fusion %s; products %s%s%s%s; attention backends %s",
         info.model.name, info.model.kind, info.device, info.dtype, info.output_dim,
         info.max_batch_tokens, info.max_batch_seqs, "on" if info.cuda_graphs else "off",
-        info.graph_max_tokens, info.fusion, info.blas, " with the GELU epilogue" if info.gelu_epilogue else "",
-        " with the SwiGLU product" if info.swiglu_product else "",
-        " with the residual epilogue" if info.residual_epilogue else "",
+        info.graph_max_tokens, info.fusion, info.blas, " with the GELU epilogue" if ops.gelu_epilogue else "",
+        " with the SwiGLU product" if ops.swiglu_product is not None else "",
+        " with the residual epilogue" if ops.residual_epilogue else "",
         info.attention_backends,
     )
     if engine.on_gpu:

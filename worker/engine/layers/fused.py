@@ -152,7 +152,6 @@ class ElementwiseOps:
             return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
         return self.activation(self.linear(x, weight, bias), kind)
 
-
     def linear_silu_mul(self, x: torch.Tensor, gate_up_weight: LinearWeight) -> torch.Tensor:
         """silu_mul(linear(x, gate_up_weight)): with swiglu_product, a step of SWIGLU_PRODUCT_MIN_TOKENS or
         more with a plain weight runs it as one kernel, which never writes the [T, 2 I] product."""
@@ -160,7 +159,6 @@ class ElementwiseOps:
                 and not isinstance(gate_up_weight, Fp8Weight)):
             return self.swiglu_product(x, gate_up_weight)
         return self.silu_mul(self.linear(x, gate_up_weight))
-
 
     def linear_add_rms_norm(self, x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None,
                             residual: torch.Tensor, norm_weight: torch.Tensor,
