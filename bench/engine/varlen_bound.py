@@ -1,5 +1,6 @@
 """What a static, generous attention bound costs: varlen attention with empty padding rows and a
-max_seqlen larger than the longest row, against the tight call, at the pplx-embed (Qwen3-0.6B) shape.
+max_seqlen larger than the longest row, against the tight call, at the pplx-embed (Qwen3-0.6B) or the
+XLM-R large (BGE-M3, bge-reranker-v2-m3) heads.
 
 Bucket-keyed CUDA graphs hold the row count and the longest length in static buffers, so the attention
 call sees the bucket's row capacity and a max_seqlen that bounds every batch the bucket can hold. The
@@ -22,7 +23,7 @@ from quiver.worker.engine.layers.attention_backends import DenseSdpa
 from quiver.worker.engine.layers.attention_select import context_for_lens
 from torch.nn.attention import SDPBackend
 
-HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
+HEAD_SHAPES = {"qwen3": (16, 8, 128), "xlmr": (16, 16, 64)}  # query heads, key/value heads, head width
 # (label, real row lengths, padded row count, generous max_seqlen)
 CASES = (
     ("1x128 in bucket 128", [128], 128, 128),
@@ -33,6 +34,14 @@ CASES = (
     ("32x512 in bucket 16384, bound 16384", [512] * 32, 257, 16384),
     ("32x512 in bucket 16384, bound 512", [512] * 32, 257, 512),
     ("4x4096 in bucket 16384", [4096] * 4, 257, 16384),
+    # Scoring pairs of 532 tokens in graph shapes: the length class as the bucket (before the 2,048 class)
+    # and as 2,048 (buckets.length_classes now).
+    ("6x532 in bucket 3328, 8 rows, bound 3328", [532] * 6, 8, 3328),
+    ("6x532 in bucket 3328, 8 rows, bound 2048", [532] * 6, 8, 2048),
+    ("14x532 in bucket 7680, 32 rows, bound 7680", [532] * 14, 32, 7680),
+    ("14x532 in bucket 7680, 32 rows, bound 2048", [532] * 14, 32, 2048),
+    ("3x1500 in bucket 4608, 8 rows, bound 4608", [1500] * 3, 8, 4608),
+    ("3x1500 in bucket 4608, 8 rows, bound 2048", [1500] * 3, 8, 2048),
 )
 
 
@@ -55,10 +64,11 @@ def _time_ms(fn: Callable[[], object], repeats: int = 20) -> float:
 
 def _case(spec: AttentionSpec, label: str, lens: list[int], rows: int, bound: int) -> dict[str, object]:
     tokens = sum(lens)
-    q = torch.randn(tokens, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(tokens, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(tokens, spec.num_heads, spec.head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(tokens, spec.num_kv_heads, spec.head_dim, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    k_wide, v_wide = (x.repeat_interleave(HEADS // KV_HEADS, dim=1) for x in (k, v))  # torch 2.11: no GQA
+    groups = spec.num_heads // spec.num_kv_heads
+    k_wide, v_wide = (x.repeat_interleave(groups, dim=1) for x in (k, v))  # torch 2.11: no GQA
     tight_cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     padded_cu = torch.cat([tight_cu, tight_cu[-1:].repeat(rows - len(lens))])
 
@@ -81,16 +91,17 @@ def _case(spec: AttentionSpec, label: str, lens: list[int], rows: int, bound: in
     return row
 
 
-def measure() -> list[dict[str, object]]:
-    spec = AttentionSpec(HEADS, KV_HEADS, HEAD_DIM, causal=False)
+def measure(heads: str = "qwen3") -> list[dict[str, object]]:
+    spec = AttentionSpec(*HEAD_SHAPES[heads], causal=False)
     return [_case(spec, *case) for case in CASES]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--heads", choices=sorted(HEAD_SHAPES), default="qwen3")
     args = parser.parse_args()
-    table = measure()
+    table = measure(args.heads)
     print("| case | max abs diff | tight ms | generous ms | dense cuDNN ms |")
     print("| --- | --- | --- | --- | --- |")
     for row in table:

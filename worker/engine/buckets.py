@@ -6,8 +6,9 @@ so the set must be small and known in advance. A shape is keyed by three coarse 
 - the token bucket: the token count rounded up to a multiple of 64 (up to 1024), then of 256;
 - the row class: the rows (sequences, plus one dummy row holding the padding tokens) rounded up to
   2, 8, 32, 128, then the engine's row cap (max_batch_seqs + 1); unused rows are empty;
-- the length class: the longest row rounded up to 512 or to the bucket (capped by the longest row the
-  model can have), the bound handed to the attention kernel as max_seqlen.
+- the length class: the longest row rounded up to 512, 2048, 8192, ... (each four times the last) or to
+  the bucket (capped by the longest row the model can have), the bound handed to the attention kernel as
+  max_seqlen.
 
 Sequence count, offsets and lengths travel in the static input buffer (inputs.py), not in the key. Why
 not the token bucket alone: varlen attention's grid is rows x ceil(max_seqlen / 128) x heads, and blocks
@@ -15,11 +16,14 @@ beyond a row's end still launch. With the row cap (257) and max_seqlen = bucket,
 took 0.62 ms per attention call instead of 0.39, eight 512-token rows in a 4096 bucket 0.23 instead of
 0.06 (H200, Qwen3-0.6B heads, bench/engine/varlen_bound.py); over 28 layers that is 6.5 and 4.6 ms per
 step. The classes keep the waste within a factor of four in rows and in length while the key space stays
-bounded: graph_shapes() lists every shape plan_shape() can return, plus one exact-length single-row
-("dense") shape per bucket, where cuDNN attention runs about twice as fast as varlen (0.21 against
-0.39 ms at 4096 tokens): 396 graphs for the pplx-embed / Qwen3-0.6B shape with graphs up to 8192 tokens
-(352 + 44 dense; captured in 18.5 s on an H200), 182 for all-MiniLM-L6-v2 (174 + 8; its rows stop at
-512). Batches above graph_max_tokens run eagerly: they take tens of milliseconds on the GPU, so
+bounded. With only 512 and the bucket as length classes, fourteen scoring pairs of 532 tokens in a
+7,680-token bucket ran XLM-R's attention at 0.130 ms a call, 0.107 with a 2,048 bound, 0.097 tight (H100,
+varlen_bound.py): 0.55 ms a step over 24 layers, hence the classes between. graph_shapes() lists every
+shape plan_shape() can return, plus one exact-length single-row ("dense") shape per bucket, where cuDNN
+attention runs about twice as fast as varlen (0.21 against 0.39 ms at 4096 tokens): 500 graphs for the
+pplx-embed / Qwen3-0.6B shape and for XLM-R large with graphs up to 8192 tokens (456 + 44 dense; 396
+without the 2,048 class; XLM-R's captured in 10.9-12.8 s on an H100, 9.4-9.6 s for the 396), 182 for
+all-MiniLM-L6-v2 (174 + 8; its rows stop at 512). Batches above graph_max_tokens run eagerly: they take tens of milliseconds on the GPU, so
 launching their kernels one by one costs little.
 
 Padding tokens form one extra dummy row (all at position 0) so that every token of the padded batch
@@ -47,7 +51,8 @@ LARGE_TOKEN_STEP = 256
 SMALL_TOKEN_LIMIT = 1024
 ROW_CLASS_BASE = 2  # one sequence and the dummy row
 ROW_CLASS_FACTOR = 4
-SHORT_ROW_LIMIT = 512  # the length classes: up to this, or up to the bucket
+SHORT_ROW_LIMIT = 512  # the smallest length class
+LENGTH_CLASS_FACTOR = 4
 DEFAULT_GRAPH_MAX_TOKENS = 8192
 
 
@@ -108,7 +113,12 @@ def row_classes(bucket: int, limits: GraphLimits) -> list[int]:
 def length_classes(bucket: int, limits: GraphLimits) -> list[int]:
     """The length classes of a token bucket, smallest first."""
     cap = min(bucket, limits.length_cap)
-    return [min(SHORT_ROW_LIMIT, cap), cap] if cap > SHORT_ROW_LIMIT else [cap]
+    out: list[int] = []
+    size = SHORT_ROW_LIMIT
+    while size < cap:
+        out.append(size)
+        size *= LENGTH_CLASS_FACTOR
+    return [*out, cap]
 
 
 def _class_of(value: int, classes: list[int]) -> int:

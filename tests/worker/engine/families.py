@@ -41,12 +41,12 @@ def _roberta_config(cls_name: str, **extra: Any) -> Any:
     )
 
 
-def _qwen3_config(**extra: Any) -> Any:
+def _qwen3_config(max_positions: int = MAX_POSITIONS, **extra: Any) -> Any:
     from transformers import Qwen3Config
 
     return Qwen3Config(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=MAX_POSITIONS, rope_theta=10000.0,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=max_positions, rope_theta=10000.0,
         rms_norm_eps=1e-6, **extra,
     )
 
@@ -90,6 +90,11 @@ FAMILIES = [
     Family("qwen3_bidirectional_mean", lambda: make_bidirectional(_make("Qwen3Model", _qwen3_config())), "mean"),
     Family("qwen3_reranker", lambda: _make("Qwen3ForCausalLM", _qwen3_config(tie_word_embeddings=True))),
 ]
+
+# Rows longer than the smallest length class (512) need a model that takes them: rotary positions only.
+LONG_QWEN3 = Family(
+    "qwen3_long_mean", lambda: make_bidirectional(_make("Qwen3Model", _qwen3_config(max_positions=4096))), "mean"
+)
 
 
 def write_family(family: Family, root: Path) -> tuple[Path, Any]:

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from quiver.bench.engine.checkpoints import BENCH_MODELS, ensure_bench_checkpoint, load_reference
-from tests.worker.engine.families import FAMILIES, write_family
+from tests.worker.engine.families import FAMILIES, LONG_QWEN3, write_family
 from quiver.worker.engine import Batch, Engine, LazyTensor, SlotsBusyError, graphs, load_engine
+from quiver.worker.engine.buckets import plan_shape
 
 pytestmark = pytest.mark.gpu
 
@@ -163,6 +164,28 @@ def test_graph_replay_equals_eager(family_name: str, tmp_path: Path, caplog: pyt
     np.testing.assert_allclose(exact, results[0], rtol=2e-2, atol=2e-2)
     print(f"{family_name}: {captured} graphs; replay bit-identical to eager: "
           f"{all(np.array_equal(r, bucketed) for r in results)}")
+
+
+def test_rows_over_512_tokens_replay_in_the_2048_length_class_and_match_eager_and_each_row_alone(
+    tmp_path: Path,
+) -> None:
+    """Rows of 513 to 2,048 tokens in a bucket of thousands replay a graph whose attention bound is the
+    2,048-token length class rather than the bucket; the rows equal the same padded step run eagerly and
+    each row embedded alone."""
+    path, _ = write_family(LONG_QWEN3, tmp_path)
+    engine = load_engine(path, device="cuda", max_batch_tokens=8192, max_batch_seqs=32)
+    rng = np.random.default_rng(17)
+    for lens in ([532] * 6, [532] * 14, [1500, 900, 1200]):
+        sequences = [rng.integers(4, 90, size=n, dtype=np.int32) for n in lens]
+        batch = _batch(sequences, [True] * len(lens))
+        shape = plan_shape(batch.seq_lens, engine.graph_limits)
+        assert shape.graphable and shape.max_seqlen == 2048 < shape.num_tokens, shape
+        replays = engine.stats()["replays"]
+        rows = engine.step(batch).wait()
+        assert engine.stats()["replays"] == replays + 1
+        np.testing.assert_allclose(rows, engine.run_eager(batch, bucketed=True), rtol=1e-3, atol=1e-3)
+        alone = np.concatenate([engine.run_eager(_batch([s], [True])) for s in sequences])
+        assert _cosines(rows, alone).min() > 0.999, lens
 
 
 def test_a_mixed_stream_on_a_warmed_engine_causes_no_capture(tmp_path: Path) -> None:

@@ -92,7 +92,7 @@ def test_every_graphable_plan_is_in_the_graph_set(limits: GraphLimits) -> None:
 
 def test_graph_set_is_bounded_and_each_shape_has_a_filling_batch() -> None:
     shapes = graph_shapes(PPLX_LIMITS)
-    assert len(shapes) == 396  # 352 ragged + 44 single-row dense: the count the README states
+    assert len(shapes) == 500  # 456 ragged + 44 single-row dense: the count the README states
     assert len(graph_shapes(GraphLimits(8192, 257, 512))) == 182  # all-MiniLM-L6-v2 (rows of up to 512)
     for shape in shapes:
         lens = example_lens(shape, PPLX_LIMITS.max_row_len)
