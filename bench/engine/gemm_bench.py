@@ -16,7 +16,6 @@ the bytes).
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import torch
@@ -194,41 +193,6 @@ def bench_swiglu_product(tokens_list: list[int], bandwidth: float) -> list[dict[
                      "one_kernel_us": round(one, 2), "differing": differing})
         print(f"| {tokens} | {bound:.1f} | {separate:.1f} | {one:.1f} | {one / bound:.2f} | {separate / one:.2f} | "
               f"{differing:.2%} |", flush=True)
-    return rows
-
-
-def bench_residual_epilogue(tokens_list: list[int]) -> list[dict[str, Any]]:
-    """Qwen3-0.6B's o and down products with the residual step and RMSNorm after them: the product, then the
-    Triton residual add + RMSNorm (the separate units), against torch.addmm taking the residual in (cuBLAS's
-    epilogue, beta 1), then the Triton RMSNorm alone; µs per call in a graph over weight copies."""
-    hidden = 1024
-    rows = []
-    print("| Qwen3-0.6B product + residual + RMSNorm | M | separate µs | residual in the product µs | "
-          "separate / epilogue | largest difference |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    norm_weight = torch.rand(hidden, device="cuda", dtype=torch.bfloat16) + 0.5
-    for name, k in (("o", 2048), ("down", 3072)):
-        copies = max(2, -(-L2_FLUSH_BYTES // (hidden * k * 2)))
-        weights = [(torch.randn(hidden, k, device="cuda") * k ** -0.5).bfloat16() for _ in range(copies)]
-        for tokens in tokens_list:
-            x = torch.randn(tokens, k, device="cuda").bfloat16()
-            residual = torch.randn(tokens, hidden, device="cuda").bfloat16()
-
-            def separate(w: torch.Tensor, x: torch.Tensor = x, residual: torch.Tensor = residual) -> Any:
-                return triton_ops.add_rms_norm(torch.nn.functional.linear(x, w), residual, norm_weight, 1e-6)
-
-            def epilogue(w: torch.Tensor, x: torch.Tensor = x, residual: torch.Tensor = residual) -> Any:
-                summed = torch.addmm(residual, x, w.t())
-                return triton_ops.rms_norm(summed, norm_weight, 1e-6), summed
-
-            separate_us = _graph_us([functools.partial(separate, w) for w in weights])
-            epilogue_us = _graph_us([functools.partial(epilogue, w) for w in weights])
-            difference = max((a.float() - b.float()).abs().max().item()
-                             for a, b in zip(separate(weights[0]), epilogue(weights[0])))
-            rows.append({"product": name, "M": tokens, "separate_us": round(separate_us, 2),
-                         "epilogue_us": round(epilogue_us, 2), "max_difference": difference})
-            print(f"| {name} ({k} → {hidden}) | {tokens} | {separate_us:.1f} | {epilogue_us:.1f} | "
-                  f"{separate_us / epilogue_us:.2f} | {difference:.3g} |", flush=True)
     return rows
 
 

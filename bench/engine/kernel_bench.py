@@ -5,7 +5,6 @@ the hand-written Triton kernels, at the pplx-embed-0.6B and BGE-M3 shapes.
     python -m quiver.bench.engine.kernel_bench --gemms [--tokens 128,512,4096] [--out FILE]
     python -m quiver.bench.engine.kernel_bench --gelu-epilogue [--tokens 128,512,4096,16384] [--out FILE]
     python -m quiver.bench.engine.kernel_bench --swiglu-product [--tokens 512,2048,4096,16384] [--out FILE]
-    python -m quiver.bench.engine.kernel_bench --residual-epilogue [--tokens 512,2048,4096,16384] [--out FILE]
 
 Each unit is timed as the engine runs it, inside a CUDA graph (so Python launch cost is not counted),
 over enough random input sets that they do not fit in L2, and reported in µs and achieved GB/s beside
@@ -16,9 +15,7 @@ triton,compile; "auto" shows start-up's own choice), at 128 and 4096 tokens of o
 random-weight checkpoints of both shapes written under DIR. With --gemms: the dense layers' matrix
 products at short inputs (gemm_bench.py). With --gelu-epilogue: BGE-M3's up projection with its bias and
 GELU, separate (product, then the Triton GELU) against one cuBLASLt call with the GELU_BIAS epilogue.
-With --swiglu-product: pplx-embed's gate/up product and SwiGLU, separate against one Triton kernel. With
---residual-epilogue: its o and down products, residual add and RMSNorm, separate against the residual
-taken into the product.
+With --swiglu-product: pplx-embed's gate/up product and SwiGLU, separate against one Triton kernel.
 Needs a CUDA device.
 """
 
@@ -209,13 +206,11 @@ def main() -> None:
                         help="time a GELU layer's product, bias and GELU, separate and in one call, instead")
     parser.add_argument("--swiglu-product", action="store_true",
                         help="time a SwiGLU layer's gate/up product and SwiGLU, separate and in one kernel, instead")
-    parser.add_argument("--residual-epilogue", action="store_true",
-                        help="time a product, residual add and RMSNorm, separate and with the add in the product")
     args = parser.parse_args()
     torch.manual_seed(0)
     bandwidth = copy_bandwidth_gbs()
     print(f"{torch.cuda.get_device_name()}: device-to-device copy {bandwidth:.0f} GB/s (read + write)")
-    if not (args.engine or args.gemms or args.gelu_epilogue or args.swiglu_product or args.residual_epilogue):
+    if not (args.engine or args.gemms or args.gelu_epilogue or args.swiglu_product):
         print("| shape | unit | tokens | bound µs | " + " | ".join(f"{m}: µs, GB/s" for m in MODES) + " | Triton |")
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "copy_gbs": bandwidth}
     if args.gemms:
@@ -231,10 +226,6 @@ def main() -> None:
         from quiver.bench.engine import gemm_bench
 
         result["swiglu_product"] = gemm_bench.bench_swiglu_product([int(t) for t in args.tokens.split(",")], bandwidth)
-    elif args.residual_epilogue:
-        from quiver.bench.engine import gemm_bench
-
-        result["residual_epilogue"] = gemm_bench.bench_residual_epilogue([int(t) for t in args.tokens.split(",")])
     elif args.engine:
         result["engine"] = bench_engine(args.engine, args.fusion.split(","))
     else:

@@ -23,8 +23,8 @@ shape plan_shape() can return, plus one exact-length single-row ("dense") shape 
 attention runs about twice as fast as varlen (0.21 against 0.39 ms at 4096 tokens): 500 graphs for the
 pplx-embed / Qwen3-0.6B shape and for XLM-R large with graphs up to 8192 tokens (456 + 44 dense; 396
 without the 2,048 class; XLM-R's captured in 10.9-12.8 s on an H100, 9.4-9.6 s for the 396), 182 for
-all-MiniLM-L6-v2 (174 + 8; its rows stop at 512). Batches above graph_max_tokens run eagerly: they take tens of milliseconds on the GPU, so
-launching their kernels one by one costs little.
+all-MiniLM-L6-v2 (174 + 8; its rows stop at 512). Batches above graph_max_tokens run eagerly: they take
+tens of milliseconds on the GPU, so launching their kernels one by one costs little.
 
 Padding tokens form one extra dummy row (all at position 0) so that every token of the padded batch
 belongs to a row; the dummy is shorter than LARGE_TOKEN_STEP, so it never raises the length class.

@@ -20,8 +20,7 @@ from quiver.worker.engine.buckets import GraphLimits, plan_shape
 from quiver.worker.engine.engine import Engine, elapsed_since, synthetic_batch
 from quiver.worker.engine.graphs import time_with_graph
 from quiver.worker.engine.layers.fused import (
-    GELU_KINDS, RESIDUAL_EPILOGUE_MIN_TOKENS, SWIGLU_PRODUCT_MIN_TOKENS, ElementwiseOps, compiled_ops,
-    triton_kernel_ops,
+    GELU_KINDS, SWIGLU_PRODUCT_MIN_TOKENS, ElementwiseOps, compiled_ops, triton_kernel_ops,
 )
 
 log = logging.getLogger("quiver.engine")
@@ -222,16 +221,3 @@ def choose_swiglu_product(engine: Engine, min_agreement: float = 0.999) -> dict[
     check = probe_batch(engine, 2 * SWIGLU_PRODUCT_MIN_TOKENS, 512, seed=1)
     probes = [probe_batch(engine, 2048, 512), probe_batch(engine, 8192, 512)]
     return _keep_if_faster(engine, "swiglu_product", "SwiGLU product", fused, check, probes, min_agreement)
-
-
-def choose_residual_epilogue(engine: Engine, min_agreement: float = 0.999) -> dict[str, Any]:
-    """For a model whose products are followed by a residual add: the residual added inside the product
-    (torch.addmm) for steps of RESIDUAL_EPILOGUE_MIN_TOKENS or more, the norm after it alone; kept if it
-    agrees with the separate units and replays the probes (2,048 and 8,192 tokens) faster."""
-    if not _variant_applies(engine, "residual_epilogue", RESIDUAL_EPILOGUE_MIN_TOKENS):
-        return {}
-    fused = dataclasses.replace(engine.model.ops, residual_epilogue=True)
-    check = probe_batch(engine, 2 * RESIDUAL_EPILOGUE_MIN_TOKENS, 512, seed=1)
-    probes = [probe_batch(engine, 2048, 512), probe_batch(engine, 8192, 512)]
-    return _keep_if_faster(engine, "residual_epilogue", "residual epilogue", fused, check, probes,
-                           min_agreement)

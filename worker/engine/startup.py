@@ -18,7 +18,7 @@ from quiver.common.model_info import ModelError, ModelInfo, load_model_info
 from quiver.worker.engine.batch import Batch
 from quiver.worker.engine.buckets import DEFAULT_GRAPH_MAX_TOKENS
 from quiver.worker.engine.choices import (
-    choose_blas, choose_fusion, choose_gelu_epilogue, choose_residual_epilogue, choose_swiglu_product,
+    choose_blas, choose_fusion, choose_gelu_epilogue, choose_swiglu_product,
     fusion_agreement, least_cosine, probe_batch,
 )
 from quiver.worker.engine.engine import Engine, elapsed_since
@@ -109,7 +109,6 @@ def load_engine(
         detail.update(choose_blas(engine))
         detail.update(choose_gelu_epilogue(engine, agreement))
         detail.update(choose_swiglu_product(engine, agreement))
-        detail.update(choose_residual_epilogue(engine, agreement))
         phase = time.perf_counter()
         size_memory(engine, gpu_memory_fraction or DEFAULT_GPU_MEMORY_FRACTION)
         survey_attention(engine)
@@ -222,12 +221,11 @@ def log_startup(engine: Engine) -> None:
     info, figures, ops = engine.info, engine.memory, engine.model.ops
     log.info(
         "engine ready: %s (%s) on %s in %s; output dim %d; up to %d tokens / %d sequences per step; "
-        "CUDA graphs %s (up to %d tokens); fusion %s; products %s%s%s%s; attention backends %s",
+        "CUDA graphs %s (up to %d tokens); fusion %s; products %s%s%s; attention backends %s",
         info.model.name, info.model.kind, info.device, info.dtype, info.output_dim,
         info.max_batch_tokens, info.max_batch_seqs, "on" if info.cuda_graphs else "off",
         info.graph_max_tokens, info.fusion, info.blas, " with the GELU epilogue" if ops.gelu_epilogue else "",
         " with the SwiGLU product" if ops.swiglu_product is not None else "",
-        " with the residual epilogue" if ops.residual_epilogue else "",
         info.attention_backends,
     )
     if engine.on_gpu:

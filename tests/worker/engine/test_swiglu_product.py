@@ -11,8 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from quiver.worker.engine import Batch, load_engine
 from quiver.worker.engine.layers import fused
 from quiver.worker.engine.layers.linear import quantize_weight
+from tests.worker.engine.families import FAMILIES, write_family
 
 
 def _separate(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -87,9 +89,7 @@ def test_weights_the_kernel_cannot_take_are_named() -> None:
 def test_a_qwen3_engine_with_the_one_kernel_gives_the_rows_it_gives_without(tmp_path: Path) -> None:
     """A whole Qwen3 step of 2,400 tokens (the kernel runs) with and without it, eagerly; start-up measured
     the kernel's agreement on this model."""
-    from quiver.worker.engine import Batch, load_engine
     from quiver.worker.engine.layers import swiglu_product
-    from tests.worker.engine.families import FAMILIES, write_family
 
     family = next(f for f in FAMILIES if f.name == "qwen3_bidirectional_mean")
     path, _ = write_family(family, tmp_path)
@@ -107,3 +107,36 @@ def test_a_qwen3_engine_with_the_one_kernel_gives_the_rows_it_gives_without(tmp_
     cosines = np.sum(without * with_kernel, 1) / (np.linalg.norm(without, axis=1) * np.linalg.norm(with_kernel, axis=1))
     assert cosines.min() > 0.9999, cosines
 
+
+@pytest.mark.gpu
+def test_a_step_with_the_one_kernel_replays_from_a_graph_as_it_runs_eagerly(tmp_path: Path) -> None:
+    """A 2,400-token Qwen3 step with the one kernel captured in a CUDA graph, then replayed on two batches'
+    inputs, against the same padded step run eagerly: the kernel's tensor descriptors, made at capture, must
+    stay right for every replay. Start-up measured the kernel's agreement on this model."""
+    from quiver.worker.engine.buckets import plan_shape
+    from quiver.worker.engine.layers import swiglu_product
+
+    family = next(f for f in FAMILIES if f.name == "qwen3_bidirectional_mean")
+    path, _ = write_family(family, tmp_path)
+    engine = load_engine(path, device="cuda", fusion="triton")
+    assert engine.info.startup_detail["swiglu_product_cosine"] > 0.999
+    engine.model.ops = dataclasses.replace(engine.model.ops, swiglu_product=swiglu_product.gate_up_silu)
+    batches = []
+    for seed in (6, 7):  # 24 rows of 100 tokens: at least SWIGLU_PRODUCT_MIN_TOKENS
+        ids = np.random.default_rng(seed).integers(4, 90, size=2400, dtype=np.int32)
+        batches.append(Batch(input_ids=ids, seq_lens=np.full(24, 100, dtype=np.int32)))
+    assert batches[0].num_tokens >= fused.SWIGLU_PRODUCT_MIN_TOKENS
+    shape = plan_shape(batches[0].seq_lens, engine.graph_limits)
+    assert shape.graphable
+    with torch.inference_mode(), torch.cuda.stream(engine.stream):
+        tensors = engine.upload(batches[0], shape)
+        engine.forward_step(shape, tensors)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            output = engine.forward_step(shape, tensors)
+        for batch in batches:
+            eager = engine.forward_step(shape, engine.upload(batch, shape)).clone()
+            engine.upload(batch, shape)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(output, eager)

@@ -79,8 +79,6 @@ GELU_KINDS = ("gelu", *TANH_GELU_KINDS)
 # mostly fixed cost: on an H100, 14.4 against 14.0 µs at 512 tokens, 24.3 against 24.0 at 1,024, 45.9 against
 # 50.3 at 2,048 (bench/RESULTS.md, 2026-12-07, last sitting).
 SWIGLU_PRODUCT_MIN_TOKENS = 2048
-# The residual taken into a product pays only where the add's own memory traffic is more than a fixed cost.
-RESIDUAL_EPILOGUE_MIN_TOKENS = 2048
 
 
 def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -133,8 +131,6 @@ class ElementwiseOps:
     gelu_epilogue: bool = False  # a GELU layer's product, bias and GELU in one cuBLASLt call (start-up chooses)
     # A SwiGLU layer's gate/up product and SwiGLU in one Triton kernel (swiglu_product.py; start-up chooses).
     swiglu_product: Callable[..., torch.Tensor] | None = None
-    # A product followed by a residual add takes the residual into the product (start-up chooses).
-    residual_epilogue: bool = False
 
     def linear(self, x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
         """A dense layer's product: cuBLAS for a plain weight, torch._scaled_mm for an FP8 one (its
@@ -159,32 +155,6 @@ class ElementwiseOps:
                 and not isinstance(gate_up_weight, Fp8Weight)):
             return self.swiglu_product(x, gate_up_weight)
         return self.silu_mul(self.linear(x, gate_up_weight))
-
-    def linear_add_rms_norm(self, x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None,
-                            residual: torch.Tensor, norm_weight: torch.Tensor,
-                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rms_norm(s), s) for s = linear(x, weight, bias) + residual: a pre-norm layer's product, residual
-        step and next norm. See _with_residual for how residual_epilogue runs it."""
-        summed = self._with_residual(x, weight, bias, residual)
-        if summed is None:
-            return self.add_rms_norm(self.linear(x, weight, bias), residual, norm_weight, eps)
-        return self.rms_norm(summed, norm_weight, eps), summed
-
-    def linear_add(self, x: torch.Tensor, weight: LinearWeight, residual: torch.Tensor) -> torch.Tensor:
-        """linear(x, weight) + residual, the last layer's residual step (see _with_residual)."""
-        summed = self._with_residual(x, weight, None, residual)
-        return self.linear(x, weight) + residual if summed is None else summed
-
-    def _with_residual(self, x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None,
-                       residual: torch.Tensor) -> torch.Tensor | None:
-        """With residual_epilogue, a step of RESIDUAL_EPILOGUE_MIN_TOKENS or more with a plain weight and no
-        bias adds the residual inside the product: torch.addmm, whose cuBLAS epilogue reads it as C (beta
-        1) while it writes the sum, so the norm after it runs alone and the product's output is never
-        written and read back for the add. None where it does not apply."""
-        if (self.residual_epilogue and bias is None and x.shape[0] >= RESIDUAL_EPILOGUE_MIN_TOKENS
-                and not isinstance(weight, Fp8Weight)):
-            return torch.addmm(residual, x, weight.t())
-        return None
 
 
 _UNITS: dict[str, Any] = {

@@ -62,7 +62,7 @@ class DecoderLayer:
 
 class Qwen3:
     # The op set's start-up choices that change how this model runs (choices.py).
-    OP_VARIANTS = ("swiglu_product", "residual_epilogue")
+    OP_VARIANTS = ("swiglu_product",)
 
     def __init__(self, info: ModelInfo, weights: Weights, ops: ElementwiseOps, yes_no_ids: tuple[int, int] | None) -> None:
         config = info.config
@@ -121,14 +121,13 @@ class Qwen3:
                 spec.num_heads, spec.num_kv_heads, self.eps,
             )
             context = attention(q, k, v, attn).reshape(tokens, spec.num_heads * spec.head_dim)
-            hidden, residual = ops.linear_add_rms_norm(context, layer.o_weight, layer.o_bias, residual,
-                                                       layer.post_attention_norm, self.eps)
-            activated = ops.linear_silu_mul(hidden, layer.gate_up_weight)
+            projected = ops.linear(context, layer.o_weight, layer.o_bias)
+            hidden, residual = ops.add_rms_norm(projected, residual, layer.post_attention_norm, self.eps)
+            mlp_out = ops.linear(ops.linear_silu_mul(hidden, layer.gate_up_weight), layer.down_weight)
             if i < last:
-                hidden, residual = ops.linear_add_rms_norm(activated, layer.down_weight, None, residual,
-                                                           self.layers[i + 1].input_norm, self.eps)
+                hidden, residual = ops.add_rms_norm(mlp_out, residual, self.layers[i + 1].input_norm, self.eps)
             else:
-                residual = ops.linear_add(activated, layer.down_weight, residual)
+                residual = mlp_out + residual
         return residual
 
     def _head(self, final: torch.Tensor, step: StepTensors) -> torch.Tensor:
