@@ -46,3 +46,35 @@ def test_kept_backends_match_float32_at_real_sizes(spec_name: str) -> None:
             assert error < TOLERANCE, (backend.name, ctx.num_seqs, ctx.max_seqlen, ctx.dense_len, error)
             checked += 1
     assert checked >= 3
+
+
+@pytest.mark.parametrize("spec_name", sorted(SPECS))
+def test_kept_backends_replayed_from_a_graph_follow_the_lengths_written_into_it(spec_name: str) -> None:
+    """A graph step keeps its cumulative lengths in a static buffer and writes each batch's into it before
+    the replay: every kept ragged backend, captured on one split of the tokens and replayed on another,
+    gives the float32 reference of the other split (a backend that read the lengths on the host at
+    capture would not)."""
+    spec, device = SPECS[spec_name], torch.device("cuda")
+    selector = AttentionSelector(spec, device, torch.bfloat16)
+    first = context_for_lens(RAGGED, spec, device, max_seqlen=4096)
+    other_lens = [300, 217, 300, 1, 1024, 1024, 64, 0]  # the same 2,930 tokens, rows cut elsewhere
+    other = context_for_lens(other_lens, spec, device, max_seqlen=4096)
+    q, k, v = _random_qkv(first, torch.bfloat16)
+    reference = PaddedSdpa()(q.float(), k.float(), v.float(), other)
+    checked = []
+    for backend in selector.backends:
+        if not backend.supports(first, torch.bfloat16) or isinstance(backend, PaddedSdpa):
+            continue
+        ctx = dataclasses.replace(first, cu_seqlens=first.cu_seqlens.clone(), backend=backend)
+        out = backend(q, k, v, ctx)  # warm-up outside the capture (plans, workspaces)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = backend(q, k, v, ctx)
+        ctx.cu_seqlens.copy_(other.cu_seqlens)
+        graph.replay()
+        torch.cuda.synchronize()
+        error = float((out.float() - reference).norm() / reference.norm())
+        assert error < TOLERANCE, (backend.name, error)
+        checked.append(backend.name)
+    assert "aten_flash_varlen" in checked, checked
+    print(f"{spec_name}: replayed on other lengths: {checked}")
