@@ -51,7 +51,7 @@ LARGE_TOKEN_STEP = 256
 SMALL_TOKEN_LIMIT = 1024
 ROW_CLASS_BASE = 2  # one sequence and the dummy row
 ROW_CLASS_FACTOR = 4
-SHORT_ROW_LIMIT = 512  # the smallest length class
+SMALLEST_LENGTH_CLASS = 512
 LENGTH_CLASS_FACTOR = 4
 DEFAULT_GRAPH_MAX_TOKENS = 8192
 
@@ -99,29 +99,27 @@ def token_buckets(max_tokens: int) -> list[int]:
     return out
 
 
-def row_classes(bucket: int, limits: GraphLimits) -> list[int]:
+def _classes_up_to(first: int, factor: int, cap: int) -> tuple[int, ...]:
+    """first, first * factor, ... while below cap, then cap."""
+    out: list[int] = []
+    size = first
+    while size < cap:
+        out.append(size)
+        size *= factor
+    return (*out, cap)
+
+
+def row_classes(bucket: int, limits: GraphLimits) -> tuple[int, ...]:
     """The row classes of a token bucket, smallest first (a bucket of B tokens holds at most B rows)."""
-    cap = min(limits.max_rows, bucket)
-    out: list[int] = []
-    size = ROW_CLASS_BASE
-    while size < cap:
-        out.append(size)
-        size *= ROW_CLASS_FACTOR
-    return [*out, cap]
+    return _classes_up_to(ROW_CLASS_BASE, ROW_CLASS_FACTOR, min(limits.max_rows, bucket))
 
 
-def length_classes(bucket: int, limits: GraphLimits) -> list[int]:
+def length_classes(bucket: int, limits: GraphLimits) -> tuple[int, ...]:
     """The length classes of a token bucket, smallest first."""
-    cap = min(bucket, limits.length_cap)
-    out: list[int] = []
-    size = SHORT_ROW_LIMIT
-    while size < cap:
-        out.append(size)
-        size *= LENGTH_CLASS_FACTOR
-    return [*out, cap]
+    return _classes_up_to(SMALLEST_LENGTH_CLASS, LENGTH_CLASS_FACTOR, min(bucket, limits.length_cap))
 
 
-def _class_of(value: int, classes: list[int]) -> int:
+def _class_of(value: int, classes: tuple[int, ...]) -> int:
     return next(size for size in classes if size >= value)
 
 

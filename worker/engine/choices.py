@@ -1,8 +1,7 @@
 """Start-up's measured choices of how a model's layers run on a GPU: the fused elementwise set (plain,
-torch.compile or Triton), cuBLAS or cuBLASLt, the GELU epilogue, the SwiGLU product and the residual
-epilogue. Each is kept only if its rows agree with the units it replaces and its graph replays measure
-faster on synthetic probes; the last three live in the model's op set (ElementwiseOps), where the log reads
-them from."""
+torch.compile or Triton), cuBLAS or cuBLASLt, the GELU epilogue and the SwiGLU product. Each is kept only
+if its rows agree with the units it replaces and its graph replays measure faster on synthetic probes; the
+last two live in the model's op set (ElementwiseOps), where the log reads them from."""
 
 from __future__ import annotations
 
@@ -196,20 +195,15 @@ def choose_gelu_epilogue(engine: Engine, min_agreement: float = 0.999) -> dict[s
     return _keep_if_faster(engine, "gelu_epilogue", "GELU epilogue", fused, check, probes, min_agreement)
 
 
-def _variant_applies(engine: Engine, variant: str, min_tokens: int) -> bool:
-    """Whether the model runs differently with this op-set variant (its OP_VARIANTS) and could use it: its
-    products' weights plain (FP8 ones stay torch._scaled_mm's) and steps of min_tokens within the budget."""
-    layers = getattr(engine.model, "layers", [])
-    return (variant in getattr(engine.model, "OP_VARIANTS", ()) and engine.info.max_batch_tokens >= min_tokens
-            and all(isinstance(getattr(layer, name), torch.Tensor) for layer in layers
-                    for name in layer.LINEAR_WEIGHTS))
-
-
 def choose_swiglu_product(engine: Engine, min_agreement: float = 0.999) -> dict[str, Any]:
     """For a model with SwiGLU layers on Hopper or newer: the gate/up product and SwiGLU in one Triton
     kernel (layers/swiglu_product.py) for steps of SWIGLU_PRODUCT_MIN_TOKENS or more, kept if it agrees with
     the separate units and replays the probes (2,048 and 8,192 tokens) faster."""
-    if not _variant_applies(engine, "swiglu_product", SWIGLU_PRODUCT_MIN_TOKENS):
+    layers = getattr(engine.model, "layers", [])
+    if (not layers or not hasattr(layers[0], "gate_up_weight")
+            or engine.info.max_batch_tokens < SWIGLU_PRODUCT_MIN_TOKENS
+            or not all(isinstance(getattr(layer, name), torch.Tensor)  # FP8 weights stay torch._scaled_mm's
+                       for layer in layers for name in layer.LINEAR_WEIGHTS)):
         return {}
     from quiver.worker.engine.layers import swiglu_product
 

@@ -104,8 +104,8 @@ def upload(graph: torch.cuda.CUDAGraph) -> None:
     A graph's first launch uploads it otherwise: on an H100 that first launch took 0.2-0.5 ms more host
     time than later ones and 0.04-0.38 ms more GPU time (bench/RESULTS.md, 2026-12-07, evening), which
     would fall on the first request of each shape. Replaying would upload too, but runs the step: 8.6 s
-    more for a 0.6B model's 396 graphs (2026-12-07; 500 since). Where the driver call is not at hand the graph is replayed once,
-    so that no request pays the upload either way.
+    more for a 0.6B model's 396 graphs (2026-12-07; 500 since). Where the driver call is not at hand the
+    graph is replayed once, so that no request pays the upload either way.
     """
     cu_graph_upload = _cu_graph_upload()
     if cu_graph_upload is not None:

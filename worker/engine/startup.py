@@ -1,7 +1,7 @@
 """load_engine: build the model, then (on a GPU) make choices.py's measured choices (fusion, BLAS library,
-GELU epilogue, SwiGLU product, residual epilogue), size the token budget to the memory fraction, measure
-attention backends at common shapes, capture every CUDA graph, and log what the engine holds. With dtype
-fp8, the model is first held to a float32 reference."""
+GELU epilogue, SwiGLU product), size the token budget to the memory fraction, measure attention backends at
+common shapes, capture every CUDA graph, and log what the engine holds. With dtype fp8, the model is first
+held to a float32 reference."""
 
 from __future__ import annotations
 

@@ -61,9 +61,6 @@ class DecoderLayer:
 
 
 class Qwen3:
-    # The op set's start-up choices that change how this model runs (choices.py).
-    OP_VARIANTS = ("swiglu_product",)
-
     def __init__(self, info: ModelInfo, weights: Weights, ops: ElementwiseOps, yes_no_ids: tuple[int, int] | None) -> None:
         config = info.config
         self.info = info
