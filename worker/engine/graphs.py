@@ -12,11 +12,12 @@ reused by the next.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -72,8 +73,7 @@ class GraphRunner:
         self.counters.warmups += 1
         graph = torch.cuda.CUDAGraph()
         try:
-            # thread_local: other threads (readers waiting on result events) may use CUDA meanwhile.
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            with capturing(graph, pool=self.pool):
                 output = forward()
         except Exception as exc:  # noqa: BLE001 - keep serving that shape eagerly, loudly
             log.warning("CUDA graph capture failed for %s; it runs eagerly: %s", shape, exc)
@@ -83,6 +83,35 @@ class GraphRunner:
         self.counters.captures += 1
         self.graphs[shape] = CapturedGraph(graph, output)
         return True
+
+
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, pool: Any = None) -> Iterator[None]:
+    """torch.cuda.graph(graph, pool), after which a failed capture leaves the thread as it found it.
+
+    The capture runs on a side stream and registers each device's random generator; when the capture
+    fails (an op that cannot be captured invalidates it) torch.cuda.graph raises from capture_end before
+    it restores the thread's stream or releases the generators. The thread would then go on working on
+    the side stream, and every later random draw and capture in the process would fail ("Offset increment
+    outside graph capture encountered unexpectedly"). So on failure the stream is restored and each
+    generator is given a fresh state with the same seed and offset, and the error is raised as before.
+    thread_local: other threads (readers waiting on result events) may use CUDA during a capture.
+    """
+    stream = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            yield
+    except BaseException:
+        torch.cuda.set_stream(stream)
+        _release_generators()
+        raise
+
+
+def _release_generators() -> None:
+    for generator in torch.cuda.default_generators:
+        fresh = torch.Generator(device=generator.device)
+        fresh.set_state(generator.get_state())
+        generator.graphsafe_set_state(fresh)
 
 
 @functools.cache
@@ -135,7 +164,7 @@ def pool_reserved_bytes(pool: Any, device: torch.device) -> int:
 def time_with_graph(forward: Callable[[], torch.Tensor], repeats: int = 20) -> float:
     """Milliseconds per replay of forward captured in a throw-away graph (forward must be warmed up)."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+    with capturing(graph):
         forward()
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from quiver.worker.engine.graphs import capturing
 from quiver.worker.engine.layers.attention import AttentionContext, AttentionSpec
 from quiver.worker.engine.layers.attention_backends import PaddedSdpa, available_backends
 
@@ -86,7 +87,7 @@ def _graph_time_ms(backend: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     for _ in range(_TIMING_WARMUP):
         backend(q, k, v, ctx)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+    with capturing(graph):
         for _ in range(_TIMING_CALLS):
             backend(q, k, v, ctx)
     graph.replay()
