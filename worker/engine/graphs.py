@@ -87,24 +87,42 @@ class GraphRunner:
 
 @contextlib.contextmanager
 def capturing(graph: torch.cuda.CUDAGraph, pool: Any = None) -> Iterator[None]:
-    """torch.cuda.graph(graph, pool), after which a failed capture leaves the thread as it found it.
+    """torch.cuda.graph(graph, pool), after which a failed capture leaves the process as it found it.
 
-    The capture runs on a side stream and registers each device's random generator; when the capture
-    fails (an op that cannot be captured invalidates it) torch.cuda.graph raises from capture_end before
-    it restores the thread's stream or releases the generators. The thread would then go on working on
-    the side stream, and every later random draw and capture in the process would fail ("Offset increment
-    outside graph capture encountered unexpectedly"). So on failure the stream is restored and each
-    generator is given a fresh state with the same seed and offset, and the error is raised as before.
+    When a capture fails (an op that cannot be captured invalidates it), torch.cuda.graph raises from
+    capture_end before it undoes what capture_begin set up: the thread stays on the capture's side stream,
+    the allocator goes on routing to the graph's memory pool (so the next capture into that pool fails,
+    "already recording to mempool_id"), and the random generators stay registered with a capture that
+    never ended (every later random draw fails, "Offset increment outside graph capture encountered
+    unexpectedly"). When a failure leaves the thread off its stream, this restores the stream, stops
+    routing allocations to the pool, and gives each generator a fresh state with the same seed and
+    offset; the error is raised as before. A graph without a pool of its own gets one here, so that its
+    id is known.
     thread_local: other threads (readers waiting on result events) may use CUDA during a capture.
     """
     stream = torch.cuda.current_stream()
+    pool = pool if pool is not None else torch.cuda.graph_pool_handle()
     try:
         with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             yield
     except BaseException:
-        torch.cuda.set_stream(stream)
-        _release_generators()
+        if torch.cuda.current_stream() != stream:  # torch.cuda.graph raised before it undid its set-up
+            torch.cuda.set_stream(stream)
+            _stop_routing_to(stream.device_index, pool)
+            _release_generators()
         raise
+
+
+def _stop_routing_to(device_index: int, pool: Any) -> None:
+    """Stop routing allocations to the pool (where capture_begin got as far as routing; this raises
+    otherwise). The hold capture_begin took on the pool is kept: dropping it left a pool that no graph
+    held yet with none, and the next capture into it failed an assertion of the allocator (on an H100,
+    bench/RESULTS.md, 2026-12-07 late); a runner's pool outlives its graphs anyway, and the few blocks a
+    failed capture allocated stay in its pool."""
+    try:
+        torch._C._cuda_endAllocateToPool(device_index, pool)
+    except RuntimeError as exc:
+        log.debug("after a failed capture: %s", exc)
 
 
 def _release_generators() -> None:
