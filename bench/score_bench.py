@@ -136,12 +136,14 @@ def run_transformers(model: Any, path: Path, args: argparse.Namespace) -> dict[s
 # ---- Quiver ---------------------------------------------------------------------------------------------
 
 
-def start_quiver(path: Path, args: argparse.Namespace, log_path: Path) -> tuple[subprocess.Popen, str]:
-    """`quiver serve` on the checkpoint, on free ports; returns once /health answers 200."""
-    port = free_port()
+def start_quiver(path: Path, args: argparse.Namespace, log_path: Path) -> tuple[subprocess.Popen, str, str]:
+    """`quiver serve` on the checkpoint, on free ports; returns once /health answers 200, with the URLs of
+    the server and of its worker's /metrics."""
+    port, worker_metrics_port = free_port(), free_port()
     argv = [sys.executable, "-m", "quiver", "serve", "--model", str(path), "--port", str(port),
             "--device", args.device, "--frontend-endpoint", f"tcp://127.0.0.1:{free_port()}",
-            "--worker-endpoint", f"tcp://127.0.0.1:{free_port()}", *args.serve_args.split()]
+            "--worker-endpoint", f"tcp://127.0.0.1:{free_port()}", "--worker-metrics-port", str(worker_metrics_port),
+            *args.serve_args.split()]
     with open(log_path, "ab") as log:
         server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -151,7 +153,7 @@ def start_quiver(path: Path, args: argparse.Namespace, log_path: Path) -> tuple[
             raise RuntimeError(f"quiver serve exited with {server.returncode}; see {log_path}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return server, url
+                return server, url, f"http://127.0.0.1:{worker_metrics_port}/metrics"
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
@@ -234,10 +236,28 @@ def first_share(client: httpx.Client, url: str) -> float | None:
     return None
 
 
-def run_quiver(url: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+EAGER_COUNTERS = ("quiver_worker_eager_steps_total", "quiver_worker_eager_new_shapes_total")
+
+
+def eager_counts(client: httpx.Client, worker_metrics: str | None) -> dict[str, float]:
+    """The worker's eager steps and those at a shape not run before ({} for a server this script did not
+    start: its worker's /metrics is not known)."""
+    if worker_metrics is None:
+        return {}
+    counts = {}
+    for line in client.get(worker_metrics).text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in EAGER_COUNTERS:
+            counts[name[len("quiver_worker_"):-len("_total")]] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def run_quiver(url: str, args: argparse.Namespace, worker_metrics: str | None = None) -> dict[str, dict[str, Any]]:
     """Quiver's figures with each client: "quiver" (http.client, the body encoded before the clock
     starts) and "quiver_httpx" (httpx encoding the body as JSON inside the timed call, as this benchmark
-    measured until 2026-12-05), one document count at a time, the two clients in turn."""
+    measured until 2026-12-05), one document count at a time, the two clients in turn. With the worker's
+/metrics, each run also reports the eager steps it caused and how many of them met a shape for the first time
+(a step that meets its kernels' set-up on a live request)."""
     raw, library = RawClient(url), httpx.Client(timeout=120)
 
     def library_post(body: dict[str, Any]) -> Answer:
@@ -247,19 +267,23 @@ def run_quiver(url: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     runs = {"quiver": (lambda body: json.dumps(body).encode(), lambda payload: raw.post("/rerank", payload)),
             "quiver_httpx": (lambda body: body, library_post)}
     results: dict[str, dict[str, Any]] = {
-        name: {"latency_ms": {}, "ranked": {}, "server_stages_ms": {}, "first_share": {}} for name in runs}
+        name: {"latency_ms": {}, "ranked": {}, "server_stages_ms": {}, "first_share": {}, "eager": {}} for name in runs}
     try:
         info = library.get(url + "/info").json()
         for count in DOC_COUNTS:
             for name, client in runs.items():
+                eager_before = eager_counts(library, worker_metrics)
                 samples, ranked, stages = quiver_latency(client, count, args)
                 result = results[name]
                 result["latency_ms"][count], result["ranked"][count] = percentiles(samples), ranked
                 result["server_stages_ms"][count] = stages
                 result["first_share"][count] = first_share(library, url)
+                result["eager"][count] = {key: value - eager_before[key]
+                                          for key, value in eager_counts(library, worker_metrics).items()}
                 print(f"{name}, {count} documents: {result['latency_ms'][count]}; server stages p50 ms: "
                       f"{ {stage: figures['p50'] for stage, figures in stages.items()} }; first share after: "
-                      f"{result['first_share'][count]}", flush=True)
+                      f"{result['first_share'][count]}; eager steps (warm-up included): {result['eager'][count]}",
+                      flush=True)
     finally:
         raw.close()
         library.close()
@@ -326,11 +350,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
 
     server = None
-    url = args.url
+    url, worker_metrics = args.url, None
     if not url:
-        server, url = start_quiver(path, args, out.with_suffix(".serve.log"))
+        server, url, worker_metrics = start_quiver(path, args, out.with_suffix(".serve.log"))
     try:
-        results.update(run_quiver(url, args))
+        results.update(run_quiver(url, args, worker_metrics))
     finally:
         if server is not None:
             stop_quiver(server)

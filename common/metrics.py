@@ -199,6 +199,9 @@ CONTRACT: tuple[MetricSpec, ...] = (
           "CUDA-graph captures that failed (that shape then runs eagerly)", engine=True),
     _spec("quiver_worker_eager_steps_total", "counter", WORKER, (),
           "Steps run eagerly: no graph for their shape (too large, capture failed, or graphs off)", engine=True),
+    _spec("quiver_worker_eager_new_shapes_total", "counter", WORKER, (),
+          "Eager steps at a shape this worker had not run eagerly before (on a GPU such a step meets its kernels' "
+          "set-up: cuDNN plans, product algorithms)", engine=True),
     _spec("quiver_worker_graphs", "gauge", WORKER, (),
           "CUDA graphs held", engine=True),
     _spec("quiver_worker_graph_pool_bytes", "gauge", WORKER, (),

@@ -311,6 +311,7 @@ class Engine:
             "captures": sum(r.counters.captures for r in runners),
             "replays": sum(r.counters.replays for r in runners),
             "eager_steps": sum(r.counters.eager_steps for r in runners),
+            "eager_new_shapes": sum(r.counters.eager_new_shapes for r in runners),
             "capture_failures": sum(r.counters.capture_failures for r in runners),
             "graphs": sum(len(r.graphs) for r in runners),
             "graph_pool_bytes": self.graph_pool_bytes,

@@ -38,6 +38,7 @@ class GraphCounters:
     captures: int = 0
     replays: int = 0
     eager_steps: int = 0
+    eager_new_shapes: int = 0  # eager steps at a shape not run eagerly before (see GraphRunner.run)
     capture_failures: int = 0
 
 
@@ -50,13 +51,22 @@ class GraphRunner:
         self.enabled = enabled and device.type == "cuda"
         self.pool = (pool if pool is not None else torch.cuda.graph_pool_handle()) if self.enabled else None
         self.graphs: dict[StepShape, CapturedGraph] = {}
+        self.eager_shapes: set[StepShape] = set()
         self.counters = GraphCounters()
 
     def run(self, shape: StepShape, forward: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """Replay this shape's graph, or run forward eagerly when it has none."""
+        """Replay this shape's graph, or run forward eagerly when it has none.
+
+        An eager step at a shape not run before is counted apart: on a GPU it meets its kernels' set-up on
+        the request's path (cuDNN's plan for that attention shape, cuBLAS's choice of algorithm for those
+        products). The shapes kept are bounded by plan_shape: token buckets, or rows of one length within
+        the token budget."""
         captured = self.graphs.get(shape)
         if captured is None:
             self.counters.eager_steps += 1
+            if shape not in self.eager_shapes:
+                self.eager_shapes.add(shape)
+                self.counters.eager_new_shapes += 1
             return forward()
         captured.graph.replay()
         self.counters.replays += 1
