@@ -103,11 +103,11 @@ def capturing(graph: torch.cuda.CUDAGraph, pool: Any = None) -> Iterator[None]:
     capture_end before it undoes what capture_begin set up: the thread stays on the capture's side stream,
     the allocator goes on routing to the graph's memory pool (so the next capture into that pool fails,
     "already recording to mempool_id"), and the random generators stay registered with a capture that
-    never ended (every later random draw fails, "Offset increment outside graph capture encountered
-    unexpectedly"). When a failure leaves the thread off its stream, this restores the stream, stops
-    routing allocations to the pool, and gives each generator a fresh state with the same seed and
-    offset; the error is raised as before. A graph without a pool of its own gets one here, so that its
-    id is known.
+    never ended (random draws fail until another capture ends, "Offset increment outside graph capture
+    encountered unexpectedly"; bench/RESULTS.md, 2026-12-07 late). When a failure leaves the thread off
+    its stream, this restores the stream, stops routing allocations to the pool, and gives each generator
+    a fresh state with the same seed and offset; the error is raised as before. A graph without a pool of
+    its own gets one here, so that its id is known.
     thread_local: other threads (readers waiting on result events) may use CUDA during a capture.
     """
     stream = torch.cuda.current_stream()
