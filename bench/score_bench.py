@@ -228,12 +228,19 @@ def quiver_latency(client: tuple[Callable[[dict[str, Any]], Any], Callable[[Any]
     return samples, ranked, {name[2:-5]: percentiles(values) for name, values in stages.items()}
 
 
+def read_metrics(client: httpx.Client, metrics_url: str) -> dict[str, float]:
+    """Each metric's value by name from a Prometheus text page (labels dropped: a name's first series)."""
+    values: dict[str, float] = {}
+    for line in client.get(metrics_url).text.splitlines():
+        if line and not line.startswith("#"):
+            values.setdefault(line.split("{", 1)[0].split(" ", 1)[0], float(line.rsplit(" ", 1)[1]))
+    return values
+
+
 def first_share(client: httpx.Client, url: str) -> float | None:
     """The frontend's learned share of a long request sent before the rest tokenize (frontend/overlap.py)."""
-    for line in client.get(url + "/metrics").text.splitlines():
-        if line.startswith("quiver_frontend_score_first_share{"):
-            return round(float(line.rsplit(" ", 1)[1]), 4)
-    return None
+    share = read_metrics(client, url + "/metrics").get("quiver_frontend_score_first_share")
+    return None if share is None else round(share, 4)
 
 
 EAGER_COUNTERS = ("quiver_worker_eager_steps_total", "quiver_worker_eager_new_shapes_total")
@@ -244,20 +251,16 @@ def eager_counts(client: httpx.Client, worker_metrics: str | None) -> dict[str, 
     start: its worker's /metrics is not known)."""
     if worker_metrics is None:
         return {}
-    counts = {}
-    for line in client.get(worker_metrics).text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in EAGER_COUNTERS:
-            counts[name[len("quiver_worker_"):-len("_total")]] = float(line.rsplit(" ", 1)[1])
-    return counts
+    values = read_metrics(client, worker_metrics)
+    return {name[len("quiver_worker_"):-len("_total")]: values[name] for name in EAGER_COUNTERS if name in values}
 
 
 def run_quiver(url: str, args: argparse.Namespace, worker_metrics: str | None = None) -> dict[str, dict[str, Any]]:
     """Quiver's figures with each client: "quiver" (http.client, the body encoded before the clock
     starts) and "quiver_httpx" (httpx encoding the body as JSON inside the timed call, as this benchmark
     measured until 2026-12-05), one document count at a time, the two clients in turn. With the worker's
-/metrics, each run also reports the eager steps it caused and how many of them met a shape for the first time
-(a step that meets its kernels' set-up on a live request)."""
+    /metrics, each run also reports the eager steps it caused and how many of them met a shape for the first
+    time (a step that meets its kernels' set-up on a live request)."""
     raw, library = RawClient(url), httpx.Client(timeout=120)
 
     def library_post(body: dict[str, Any]) -> Answer:

@@ -58,4 +58,3 @@ def test_start_up_probes_stay_within_the_token_budget() -> None:
     probe = probe_batch(engine, 1024, 512)
     assert probe.num_tokens == 1000 and max(probe.seq_lens) <= engine.info.model.max_input_length
     assert engine.run_eager(probe).shape == (probe.num_seqs, engine.info.model.output_dim)
-
