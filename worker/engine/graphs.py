@@ -1,5 +1,5 @@
 """CUDA graphs, one per graph shape (buckets.graph_shapes) and forward (sequence rows, or BGE-M3's token
-rows), captured at start-up, sharing one memory pool.
+rows), captured at start-up, sharing one memory pool (a fresh one after a failed capture: GraphPool).
 
 capture() runs a shape once eagerly (kernels compile, cuBLAS picks its algorithms) and then captures it;
 startup.capture_graphs does that for every shape before the worker says it is ready. run() only ever
@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from quiver.worker.engine.buckets import StepShape
+from quiver.worker.engine.buckets import StepShape, first_sight_key
 
 log = logging.getLogger("quiver.engine")
 
@@ -39,38 +39,71 @@ class GraphCounters:
     replays: int = 0
     eager_steps: int = 0
     eager_new_shapes: int = 0  # eager steps at a shape not run eagerly before (see GraphRunner.run)
+    eager_warmups: int = 0  # eager shapes run off the requests' path, at start-up or while idle (GraphRunner.warm)
     capture_failures: int = 0
+
+
+class GraphPool:
+    """The memory pool the graphs of one engine capture into (steps run one at a time on one stream, so
+    they may share activation memory), and the pools given up before it.
+
+    A failed capture can leave the allocator routing to its pool, and then every later capture into that
+    pool fails ("beginAllocateToPool: already recording to mempool_id"; on an H100 it did even after
+    capturing() ended the routing, bench/RESULTS.md, 2026-12-07, last), so the next capture takes a fresh
+    pool: the graphs captured after a failure do not share memory with those before it."""
+
+    def __init__(self) -> None:
+        self.handles = [torch.cuda.graph_pool_handle()]
+
+    @property
+    def current(self) -> Any:
+        return self.handles[-1]
+
+    def renew(self) -> None:
+        self.handles.append(torch.cuda.graph_pool_handle())
 
 
 class GraphRunner:
     """The graphs of one forward function (an embedder's rows, or its token rows), keyed by step shape;
-    pool: another runner's memory pool to share (steps run one at a time on one stream)."""
+    pool: another runner's GraphPool to share."""
 
-    def __init__(self, device: torch.device, enabled: bool, pool: Any = None) -> None:
+    def __init__(self, device: torch.device, enabled: bool, pool: GraphPool | None = None) -> None:
         self.device = device
         self.enabled = enabled and device.type == "cuda"
-        self.pool = (pool if pool is not None else torch.cuda.graph_pool_handle()) if self.enabled else None
+        self.pool = (pool or GraphPool()) if self.enabled else None
         self.graphs: dict[StepShape, CapturedGraph] = {}
-        self.eager_shapes: set[StepShape] = set()
+        self.eager_shapes: set[tuple[int, int, int]] = set()  # first_sight_key of every shape run eagerly
         self.counters = GraphCounters()
 
     def run(self, shape: StepShape, forward: Callable[[], torch.Tensor]) -> torch.Tensor:
         """Replay this shape's graph, or run forward eagerly when it has none.
 
-        An eager step at a shape not run before is counted apart: on a GPU it meets its kernels' set-up on
-        the request's path (cuDNN's plan for that attention shape, cuBLAS's choice of algorithm for those
-        products). The shapes kept are bounded by plan_shape: token buckets, or rows of one length within
-        the token budget."""
+        An eager step at a shape not run before (buckets.first_sight_key) is counted apart: on a GPU it
+        meets its kernels' set-up on the request's path (cuDNN's plan for that attention shape, cuBLAS's
+        choice of algorithm for those products)."""
         captured = self.graphs.get(shape)
         if captured is None:
             self.counters.eager_steps += 1
-            if shape not in self.eager_shapes:
-                self.eager_shapes.add(shape)
+            key = first_sight_key(shape)
+            if key not in self.eager_shapes:
+                self.eager_shapes.add(key)
                 self.counters.eager_new_shapes += 1
             return forward()
         captured.graph.replay()
         self.counters.replays += 1
         return captured.output
+
+    def has_run(self, shape: StepShape) -> bool:
+        """Whether a step of this shape would find its kernels set up: it has a graph, or its first-sight
+        key has run eagerly."""
+        return shape in self.graphs or first_sight_key(shape) in self.eager_shapes
+
+    def warm(self, shape: StepShape, forward: Callable[[], torch.Tensor]) -> None:
+        """Run forward eagerly once off the requests' path, so that a step of this shape later finds its
+        kernels set up; counted as a warm-up, not as a step."""
+        forward()
+        self.eager_shapes.add(first_sight_key(shape))
+        self.counters.eager_warmups += 1
 
     def capture(self, shape: StepShape, forward: Callable[[], torch.Tensor]) -> bool:
         """Warm this shape up eagerly, then capture it; False (logged, counted) when capture fails.
@@ -82,12 +115,15 @@ class GraphRunner:
         forward()
         self.counters.warmups += 1
         graph = torch.cuda.CUDAGraph()
+        assert self.pool is not None
         try:
-            with capturing(graph, pool=self.pool):
+            with capturing(graph, pool=self.pool.current):
                 output = forward()
         except Exception as exc:  # noqa: BLE001 - keep serving that shape eagerly, loudly
-            log.warning("CUDA graph capture failed for %s; it runs eagerly: %s", shape, exc)
+            log.warning("CUDA graph capture failed for %s; it runs eagerly, later captures take a fresh memory "
+                        "pool: %s", shape, exc)
             self.counters.capture_failures += 1
+            self.pool.renew()
             return False
         upload(graph)
         self.counters.captures += 1
@@ -105,8 +141,9 @@ def capturing(graph: torch.cuda.CUDAGraph, pool: Any = None) -> Iterator[None]:
     "already recording to mempool_id"), and the random generators stay registered with a capture that
     never ended (random draws fail until another capture ends, "Offset increment outside graph capture
     encountered unexpectedly"; bench/RESULTS.md, 2026-12-07 late). When a failure leaves the thread off
-    its stream, this restores the stream, stops routing allocations to the pool, and gives each generator
-    a fresh state with the same seed and offset; the error is raised as before. A graph without a pool of
+    its stream, this restores the stream, ends the routing of allocations to the pool (which did not make
+    that pool capturable again on an H100: GraphRunner moves to a fresh pool), and gives each generator a
+    fresh state with the same seed and offset; the error is raised as before. A graph without a pool of
     its own gets one here, so that its id is known.
     thread_local: other threads (readers waiting on result events) may use CUDA during a capture.
     """
@@ -132,7 +169,7 @@ def _stop_routing_to(device_index: int, pool: Any) -> None:
     try:
         torch._C._cuda_endAllocateToPool(device_index, pool)
     except RuntimeError as exc:
-        log.debug("after a failed capture: %s", exc)
+        log.warning("after a failed capture, the allocator's routing to its pool could not be ended: %s", exc)
 
 
 def _release_generators() -> None:
@@ -174,18 +211,20 @@ def upload(graph: torch.cuda.CUDAGraph) -> None:
     graph.replay()
 
 
-def pool_reserved_bytes(pool: Any, device: torch.device) -> int:
-    """Bytes of the allocator's segments that belong to pool on device: what its graphs keep reserved.
+def pool_reserved_bytes(pool: GraphPool, device: torch.device) -> int:
+    """Bytes of the allocator's segments that belong to the pool's handles on device: what its graphs keep
+    reserved.
 
     Read from the allocator's segments, which carry their pool's id, because the growth of
     memory_reserved() across the captures, read before, was 0 on every GPU although the captures allocate
     (the cause was not traced; the allocator releasing other cached segments would explain it).
     """
     index = device.index if device.index is not None else torch.cuda.current_device()
+    handles = {tuple(handle) for handle in pool.handles}
     return sum(
         segment["total_size"]
         for segment in torch.cuda.memory_snapshot()
-        if tuple(segment["segment_pool_id"]) == tuple(pool) and segment["device"] == index
+        if tuple(segment["segment_pool_id"]) in handles and segment["device"] == index
     )
 
 

@@ -55,6 +55,7 @@ def test_a_runner_whose_capture_fails_runs_that_shape_eagerly_and_captures_the_n
     runner = GraphRunner(device, enabled=True)
     failing, working = _shape(64), _shape(128)
     assert not runner.capture(failing, lambda: _uncapturable(x))
+    assert runner.pool is not None and len(runner.pool.handles) == 2  # later captures take a fresh pool
     assert runner.capture(working, lambda: x + 1)
     counters = runner.counters
     assert (counters.capture_failures, counters.captures) == (1, 1)
