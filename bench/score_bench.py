@@ -243,12 +243,13 @@ def first_share(client: httpx.Client, url: str) -> float | None:
     return None if share is None else round(share, 4)
 
 
-EAGER_COUNTERS = ("quiver_worker_eager_steps_total", "quiver_worker_eager_new_shapes_total")
+EAGER_COUNTERS = ("quiver_worker_eager_steps_total", "quiver_worker_eager_new_shapes_total",
+                  "quiver_worker_eager_warmups_total")
 
 
 def eager_counts(client: httpx.Client, worker_metrics: str | None) -> dict[str, float]:
-    """The worker's eager steps and those at a shape not run before ({} for a server this script did not
-    start: its worker's /metrics is not known)."""
+    """The worker's eager steps, those at a shape not run before, and its eager warm-ups (dense shapes run
+    while it was idle) ({} for a server this script did not start: its worker's /metrics is not known)."""
     if worker_metrics is None:
         return {}
     values = read_metrics(client, worker_metrics)
@@ -285,7 +286,8 @@ def run_quiver(url: str, args: argparse.Namespace, worker_metrics: str | None = 
                                           for key, value in eager_counts(library, worker_metrics).items()}
                 print(f"{name}, {count} documents: {result['latency_ms'][count]}; server stages p50 ms: "
                       f"{ {stage: figures['p50'] for stage, figures in stages.items()} }; first share after: "
-                      f"{result['first_share'][count]}; eager steps (warm-up included): {result['eager'][count]}",
+                      f"{result['first_share'][count]}; worker's eager counts (warm-up requests included): "
+                      f"{result['eager'][count]}",
                       flush=True)
     finally:
         raw.close()

@@ -13,6 +13,6 @@ healthy_within() {  # $1: the server's pid, $2: its port, $3: seconds; false as 
 
 worker_counters() {  # $1: a worker's metrics port; its counters that say what its traffic did, one line
   curl -s "http://127.0.0.1:$1/metrics" \
-    | grep -E "^quiver_worker_(graph_(warmups|captures|replays)_total|eager_steps_total|eager_new_shapes_total|busy_seconds_total|chunks_total\{.*outcome=\"ok\"|step_seconds_(count|sum)|queued_steps_total|startup_seconds)" \
+    | grep -E "^quiver_worker_(graph_(warmups|captures|replays)_total|eager_steps_total|eager_new_shapes_total|eager_warmups_total|busy_seconds_total|chunks_total\{.*outcome=\"ok\"|step_seconds_(count|sum)|queued_steps_total|startup_seconds)" \
     | sed -E 's/^quiver_worker_([a-z_]+)\{[^}]*\} /\1=/' | paste -sd " "
 }

@@ -202,6 +202,9 @@ CONTRACT: tuple[MetricSpec, ...] = (
     _spec("quiver_worker_eager_new_shapes_total", "counter", WORKER, (),
           "Eager steps at a shape this worker had not run eagerly before (on a GPU such a step meets its kernels' "
           "set-up: cuDNN plans, product algorithms)", engine=True),
+    _spec("quiver_worker_eager_warmups_total", "counter", WORKER, (),
+          "Eager shapes run once off the requests' path so that their steps find their kernels set up: the token "
+          "buckets above the graphs at start-up, and dense shapes of equal rows while the worker is idle", engine=True),
     _spec("quiver_worker_graphs", "gauge", WORKER, (),
           "CUDA graphs held", engine=True),
     _spec("quiver_worker_graph_pool_bytes", "gauge", WORKER, (),

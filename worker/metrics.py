@@ -55,6 +55,7 @@ ENGINE_SOURCES: dict[str, str] = {
     "quiver_worker_graph_capture_failures_total": "capture_failures",
     "quiver_worker_eager_steps_total": "eager_steps",
     "quiver_worker_eager_new_shapes_total": "eager_new_shapes",
+    "quiver_worker_eager_warmups_total": "eager_warmups",
     "quiver_worker_graphs": "graphs",
     "quiver_worker_graph_pool_bytes": "graph_pool_bytes",
     "quiver_worker_gpu_memory_allocated_bytes": "gpu_allocated_bytes",

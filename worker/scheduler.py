@@ -321,8 +321,11 @@ class Scheduler:
         try:
             self.accept(inbox.get(timeout=IDLE_POLL_S) if block else inbox.get_nowait())
         except queue.Empty:
-            if block and self.steps > self.trimmed_at_step:
-                self._trim()  # idle for a while: a good moment, off every request's path
+            if block:  # idle for a while: a good moment, off every request's path
+                if self.steps > self.trimmed_at_step:
+                    self._trim()
+                while inbox.empty() and self.engine.warm_when_idle():
+                    metrics.loop_tick()
             return False
         while True:
             try:

@@ -35,7 +35,7 @@ def test_score_bench_times_quiver_with_both_clients_and_their_rankings_agree(tmp
         for ranked in (raw, library):
             assert [score for _, score in ranked] == sorted((score for _, score in ranked), reverse=True)
         # The worker's eager steps during the run (none on a CPU worker, whose steps are all plain forwards).
-        assert set(result["quiver"]["eager"][count]) == {"eager_steps", "eager_new_shapes"}, count
+        assert set(result["quiver"]["eager"][count]) == {"eager_steps", "eager_new_shapes", "eager_warmups"}, count
         stages = result["quiver"]["server_stages_ms"][count]
         assert 0 < stages["inference"]["p50"] <= stages["total"]["p50"] <= result["quiver"]["latency_ms"][count]["max"]
     assert all(difference < 0.01 for difference in result["max_score_difference"].values())

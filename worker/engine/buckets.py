@@ -37,7 +37,9 @@ before, and 405-413 against 474 for Qwen3-0.6B (bench/engine/new_token_counts.py
 algorithm for each new product shape is the likely cause, not established). Padded, the same streams ran
 717-732 and 462-463 either way: where exact counts repeat, the padding costs 2-5 % (its tokens, and
 products at multiples of 256 rows that run up to 8 % slower per row than at the counts beside them).
-Steps of equal rows keep their exact shape: they run as dense rows (cuDNN), which the dummy would break.
+Steps of equal rows keep their exact shape: they run as dense rows (cuDNN), which the dummy would break;
+until their dense shape has run once, off the requests' path, the engine runs them as padded_shape pads
+them (Engine._met_shape).
 """
 
 from __future__ import annotations
@@ -142,9 +144,29 @@ def plan_shape(seq_lens: np.ndarray, limits: GraphLimits) -> StepShape:
     # attention took 0.82 against FlashAttention-2's 1.57 ms a layer for Qwen3 at 4 x 4096 tokens.
     if min(lens) == longest:
         return StepShape(num_seqs, num_tokens, longest, longest, False)
+    return _eager_ragged(num_seqs, num_tokens, longest, limits)
+
+
+def padded_shape(seq_lens: np.ndarray, limits: GraphLimits) -> StepShape:
+    """The eager shape of a batch above the graphs as ragged rows padded to their token bucket, even when
+    its rows are all of one length (where plan_shape would run them dense, at their exact shape)."""
+    lens = seq_lens.tolist()
+    return _eager_ragged(len(lens), sum(lens), max(lens), limits)
+
+
+def _eager_ragged(num_seqs: int, num_tokens: int, longest: int, limits: GraphLimits) -> StepShape:
+    bucket = token_bucket(num_tokens)
     if bucket <= limits.eager_pad_tokens and bucket > num_tokens:
         return StepShape(num_seqs + 1, bucket, max(longest, bucket - num_tokens), 0, False)
     return StepShape(num_seqs, num_tokens, longest, 0, False)
+
+
+def first_sight_key(shape: StepShape) -> tuple[int, int, int]:
+    """What an eager step's kernels set themselves up for at first sight of a shape: the token count (the
+    products' rows, for which cuBLAS picks an algorithm; the Triton kernels' row count, which they are
+    compiled specialised on, divisible by 16 or not) and, for dense rows, their count and length (cuDNN's
+    attention plan). Ragged attention (FlashAttention-2's varlen kernel) sets nothing up per shape."""
+    return (shape.num_tokens, shape.dense_len, shape.num_seqs if shape.dense_len else 0)
 
 
 def graph_shapes(limits: GraphLimits) -> list[StepShape]:

@@ -3,7 +3,10 @@
 step() validates the batch, pads it to its graph shape (buckets.py), moves it to the device with one
 copy from a pinned staging buffer, runs the model (by replaying that shape's CUDA graph, captured at
 start-up, or eagerly when it has none), and starts an asynchronous copy of the result rows into a
-pinned output slot. On the CPU it computes the result at once. A step of token rows (one row per token,
+pinned output slot. An eager step never meets a shape's first run on a request's path (see _met_shape):
+every token bucket above the graphs runs once at start-up (warm_eager_buckets), and rows of one length at
+a shape not run before run padded to their bucket while their dense shape waits for the worker to be idle
+(warm_when_idle). On the CPU it computes the result at once. A step of token rows (one row per token,
 BGE-M3's sparse and ColBERT outputs) is computed synchronously instead, replaying a graph of its own
 shape up to TOKEN_GRAPH_MAX_TOKENS on a BGE-M3 checkpoint.
 """
@@ -22,7 +25,8 @@ from quiver.common.model_info import KIND_EMBEDDING, ModelInfo
 from quiver.common.ragged import check_shape
 from quiver.worker.engine.batch import Batch
 from quiver.worker.engine.buckets import (
-    DEFAULT_GRAPH_MAX_TOKENS, NO_GRAPHS, GraphLimits, StepShape, example_lens, graph_shapes, plan_shape,
+    DEFAULT_GRAPH_MAX_TOKENS, NO_GRAPHS, GraphLimits, StepShape, example_lens, graph_shapes, padded_shape,
+    plan_shape, token_buckets,
 )
 from quiver.worker.engine.graphs import GraphRunner
 from quiver.worker.engine.inputs import StepTensors, pack_batch, packed_size, unpack
@@ -39,6 +43,10 @@ NUM_HOST_SLOTS = 2
 # sparse vector is a batch-1 step whose eager launch costs the host far more than its kernels. Each such
 # graph keeps its own output, a float32 row per token: 46 graphs and 53 MiB at BGE-M3's width.
 TOKEN_GRAPH_MAX_TOKENS = 512
+# Eager shapes a runner keeps set up (the token buckets above its graphs, and dense shapes warmed while
+# idle): cuDNN keeps a plan per dense attention shape, so traffic of ever new equal-row shapes stops being
+# warmed at this many and runs padded to its buckets.
+MAX_EAGER_SHAPES = 512
 _STEPPING = threading.local()  # per thread: the stream an engine's step() last made current there
 
 
@@ -101,6 +109,7 @@ class Engine:
         self.graph_pool_bytes = 0  # both runners' one pool, measured once their graphs are captured
         self.token_graph_limits = NO_GRAPHS
         self.steps = 0
+        self.dense_to_warm: dict[tuple[StepShape, bool], None] = {}  # (shape, token rows), oldest first
         self._graph_token_limit = graph_max_tokens
         self.graph_limits = NO_GRAPHS
         if self.on_gpu:
@@ -156,7 +165,7 @@ class Engine:
             return LazyTensor(self.run_tokens(batch))
         if not self.on_gpu:
             return LazyTensor(self.run_eager(batch))
-        shape = plan_shape(batch.seq_lens, self.graph_limits)
+        shape = self._met_shape(plan_shape(batch.seq_lens, self.graph_limits), batch, token_rows=False)
         slot = self.slots.acquire()
         try:
             self._use_stream()
@@ -170,6 +179,48 @@ class Engine:
             self.slots.release(slot)
             raise
         return LazyTensor(rows, event, self.slots, slot)
+
+    def _met_shape(self, shape: StepShape, batch: Batch, token_rows: bool) -> StepShape:
+        """shape, or, for rows of one length at a dense shape not run before, the batch as ragged rows
+        padded to its token bucket (warmed at start-up), its dense shape queued for warm_when_idle.
+
+        A dense shape's first run meets cuDNN's plan for its attention, cuBLAS's choice of algorithm and
+        Triton's compilation for its token count on the request's path: on an H100, 45-105 ms more for an
+        XLM-R-large step of 17-30 rows of 532 tokens, 48-72 ms of it cuDNN's plan, which PyTorch keeps per
+        thread (bench/RESULTS.md, 2026-12-07, last). Padded, the step runs FlashAttention-2 instead of cuDNN's
+        dense attention: about 9 % slower there, until the worker is idle long enough to warm the shape."""
+        runner = self.token_runner if token_rows else self.runner
+        if not shape.dense_len or shape.graphable or runner.has_run(shape):
+            return shape
+        if len(runner.eager_shapes) + len(self.dense_to_warm) < MAX_EAGER_SHAPES:
+            self.dense_to_warm[(shape, token_rows)] = None
+        return padded_shape(batch.seq_lens, self.token_graph_limits if token_rows else self.graph_limits)
+
+    def warm_when_idle(self) -> bool:
+        """Run one queued dense shape (see _met_shape) once, so that its steps run dense from now on;
+        False when none waits. For the scheduler to call while no step runs or waits: it takes one step's
+        time on the device, which a request arriving meanwhile waits for as it would for any step."""
+        while self.dense_to_warm:
+            shape, token_rows = next(iter(self.dense_to_warm))
+            del self.dense_to_warm[(shape, token_rows)]
+            if not (self.token_runner if token_rows else self.runner).has_run(shape):
+                self.warm_eager(shape, [shape.dense_len] * shape.num_seqs, token_rows)
+                return True
+        return False
+
+    def warm_eager(self, shape: StepShape, lens: list[int], token_rows: bool = False) -> None:
+        """Run one eager step of shape (a batch of these row lengths) off the requests' path."""
+        seq_lens = np.array(lens, dtype=np.int32)
+        ids = np.random.default_rng(0).integers(3, self.info.model.vocab_size, size=int(seq_lens.sum()), dtype=np.int32)
+        runner, forward = (self.token_runner, self.forward_tokens) if token_rows else (self.runner, self.forward_step)
+        with torch.inference_mode(), torch.cuda.stream(self.stream):
+            tensors = self.upload(Batch(input_ids=ids, seq_lens=seq_lens), shape)
+            runner.warm(shape, lambda: forward(shape, tensors))
+
+    def eager_buckets(self, token_rows: bool = False) -> list[int]:
+        """The token buckets above a runner's graphs: the token counts its eager ragged steps come in."""
+        limits = self.token_graph_limits if token_rows else self.graph_limits
+        return [size for size in token_buckets(self.info.max_batch_tokens) if size > limits.max_tokens]
 
     def _use_stream(self) -> None:
         """Make the engine's stream the calling thread's current one, unless an engine's step already did
@@ -267,6 +318,7 @@ class Engine:
         shape = plan_shape(batch.seq_lens, self.token_graph_limits)
         with torch.inference_mode():
             if self.on_gpu:
+                shape = self._met_shape(shape, batch, token_rows=True)
                 with torch.cuda.stream(self.stream):
                     uploaded = self.upload(batch, shape)
                     rows = self.token_runner.run(shape, lambda: self.forward_tokens(shape, uploaded))
@@ -312,6 +364,7 @@ class Engine:
             "replays": sum(r.counters.replays for r in runners),
             "eager_steps": sum(r.counters.eager_steps for r in runners),
             "eager_new_shapes": sum(r.counters.eager_new_shapes for r in runners),
+            "eager_warmups": sum(r.counters.eager_warmups for r in runners),
             "capture_failures": sum(r.counters.capture_failures for r in runners),
             "graphs": sum(len(r.graphs) for r in runners),
             "graph_pool_bytes": self.graph_pool_bytes,

@@ -1,6 +1,7 @@
 """load_engine: build the model, then (on a GPU) make choices.py's measured choices (fusion, BLAS library,
 GELU epilogue, SwiGLU product), size the token budget to the memory fraction, measure attention backends at
-common shapes, capture every CUDA graph, and log what the engine holds. With dtype fp8, the model is first
+common shapes, capture every CUDA graph, run every token bucket above the graphs once, and log what the
+engine holds. With dtype fp8, the model is first
 held to a float32 reference."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from quiver.common.model_info import ModelError, ModelInfo, load_model_info
 from quiver.worker.engine.batch import Batch
-from quiver.worker.engine.buckets import DEFAULT_GRAPH_MAX_TOKENS
+from quiver.worker.engine.buckets import DEFAULT_GRAPH_MAX_TOKENS, SMALLEST_LENGTH_CLASS, padded_shape
 from quiver.worker.engine.choices import (
     choose_blas, choose_fusion, choose_gelu_epilogue, choose_swiglu_product,
     fusion_agreement, least_cosine, probe_batch,
@@ -114,6 +115,7 @@ def load_engine(
         survey_attention(engine)
         detail["memory_and_attention_s"] = elapsed_since(phase)
         detail.update(capture_graphs(engine))
+        detail.update(warm_eager_buckets(engine))
     engine.info.startup_seconds = elapsed_since(start)
     engine.info.startup_detail = detail
     log_startup(engine)
@@ -208,13 +210,38 @@ def capture_graphs(engine: Engine) -> dict[str, Any]:
     start = time.perf_counter()
     failed = sum(not engine.capture_graph(shape, token_rows) for shape, token_rows in shapes)
     torch.cuda.synchronize(engine.device)
-    if shapes:
+    if shapes and engine.runner.pool is not None:
         engine.graph_pool_bytes = pool_reserved_bytes(engine.runner.pool, engine.device)
     if failed:
         log.warning("%d of %d CUDA graph shapes could not be captured; they run eagerly", failed, len(shapes))
     log.info("captured %d CUDA graphs in %.1f s (pool %s)", len(shapes) - failed, time.perf_counter() - start,
              describe(engine.graph_pool_bytes))
     return {"graphs": len(shapes) - failed, "graphs_s": elapsed_since(start)}
+
+
+def warm_eager_buckets(engine: Engine) -> dict[str, Any]:
+    """Run one ragged step at every token bucket above the graphs (sequence rows, and BGE-M3's token rows),
+    so that no eager step on a request's path is the first at its token count (buckets.first_sight_key):
+    on an H100 such a first step of XLM-R large took 0-4 ms more than the same step again (bench/RESULTS.md,
+    2026-12-07, last); XLM-R large's 32 buckets ran in 0.5 s."""
+    start = time.perf_counter()
+    longest, rows = engine.info.model.max_input_length, engine.info.max_batch_seqs
+    warmed = 0
+    for token_rows in (False, True) if engine.info.model.m3_heads else (False,):
+        limits = engine.token_graph_limits if token_rows else engine.graph_limits
+        for bucket in engine.eager_buckets(token_rows):
+            tokens = bucket - 1  # one short: padded to the bucket by the dummy row, as a request's step would be
+            row = min(longest, max(SMALLEST_LENGTH_CLASS, -(-tokens // rows)))
+            if row * rows < tokens:
+                continue  # no batch within the row cap and the model's length reaches this bucket
+            full, rest = divmod(tokens, row)
+            lens = [row] * full + ([rest] if rest else [])
+            engine.warm_eager(padded_shape(np.array(lens), limits), lens, token_rows)
+            warmed += 1
+    torch.cuda.synchronize(engine.device)
+    if warmed:
+        log.info("ran %d token buckets above the graphs once in %.1f s", warmed, time.perf_counter() - start)
+    return {"eager_buckets": warmed, "eager_buckets_s": elapsed_since(start)}
 
 
 def log_startup(engine: Engine) -> None:

@@ -216,6 +216,41 @@ def test_a_mixed_stream_on_a_warmed_engine_causes_no_capture(tmp_path: Path) -> 
     assert after["replays"] - before["replays"] == steps and after["eager_steps"] == before["eager_steps"]
 
 
+def test_equal_rows_at_a_new_shape_run_padded_until_the_idle_worker_warms_their_dense_shape(tmp_path: Path) -> None:
+    """No eager step on a request's path is the first of its shape: the buckets above the graphs ran at
+    start-up, and rows of one length at a dense shape not met before run padded to their bucket until
+    warm_when_idle has run that dense shape; both agree with the rows run alone."""
+    family = next(f for f in FAMILIES if f.name == "bert_mean")
+    path, _ = write_family(family, tmp_path)
+    engine = load_engine(path, device="cuda", max_batch_tokens=4096, max_batch_seqs=64, graph_max_tokens=1024)
+    assert engine.stats()["eager_warmups"] == len(engine.eager_buckets()) > 0
+    length = min(100, engine.info.model.max_input_length)
+    rng = np.random.default_rng(5)
+    sequences = [rng.integers(4, 90, size=length, dtype=np.int32) for _ in range(20)]
+    batch = _batch(sequences, [True] * len(sequences))
+    dense_shape = plan_shape(batch.seq_lens, engine.graph_limits)
+    assert dense_shape.dense_len == length and not dense_shape.graphable
+    alone = np.concatenate([engine.run_eager(_batch([s], [True])) for s in sequences])
+    before = engine.stats()
+
+    def step() -> np.ndarray:
+        lazy = engine.step(batch)
+        rows = lazy.wait()
+        lazy.release()
+        return rows
+
+    padded = step()
+    assert not engine.runner.has_run(dense_shape) and len(engine.dense_to_warm) == 1
+    assert engine.warm_when_idle() and not engine.warm_when_idle()
+    assert engine.runner.has_run(dense_shape)
+    dense = step()
+    after = engine.stats()
+    assert after["eager_steps"] - before["eager_steps"] == 2
+    assert after["eager_new_shapes"] == before["eager_new_shapes"]
+    assert after["eager_warmups"] - before["eager_warmups"] == 1
+    assert _cosines(padded, alone).min() > 0.999 and _cosines(dense, alone).min() > 0.999
+
+
 def test_lazy_pipeline_never_misplaces_a_row() -> None:
     """10,000 random batches, two in flight: every row must match its own sequence's reference."""
     import tempfile

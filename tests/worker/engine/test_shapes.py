@@ -8,7 +8,8 @@ import torch
 
 from quiver.worker.engine import Batch
 from quiver.worker.engine.buckets import (
-    NO_GRAPHS, GraphLimits, StepShape, example_lens, graph_shapes, plan_shape, token_bucket, token_buckets,
+    NO_GRAPHS, GraphLimits, StepShape, example_lens, first_sight_key, graph_shapes, padded_shape, plan_shape,
+    token_bucket, token_buckets,
 )
 from quiver.worker.engine.inputs import pack_batch, packed_size, unpack
 from quiver.worker.engine.lazy import HostSlots, LazyTensor, SlotsBusyError
@@ -48,6 +49,21 @@ def test_eager_steps_of_unequal_rows_are_padded_to_their_bucket_where_the_limits
     tokens_only = GraphLimits(0, 0, 0, eager_pad_tokens=2048)  # graphs off: every step eager, still padded
     assert plan_shape(np.array([100, 30], dtype=np.int32), tokens_only) == StepShape(3, 192, 100, 0, False)
     assert plan_shape(np.array([20, 10], dtype=np.int32), tokens_only) == StepShape(3, 64, 34, 0, False)  # dummy 34
+
+
+def test_equal_rows_padded_instead_of_dense_share_their_buckets_first_sight_key() -> None:
+    """padded_shape runs equal rows as ragged rows padded to their bucket, as unequal rows would run: the
+    same first-sight key as any ragged step of that bucket, where the dense shape has one of its own."""
+    gpu = GraphLimits(max_tokens=8192, max_rows=257, max_row_len=32768, eager_pad_tokens=16384)
+    equal = np.array([532] * 21, dtype=np.int32)  # 11,172 tokens: bucket 11,264, a dummy row of 92
+    dense = plan_shape(equal, gpu)
+    assert dense == StepShape(21, 11172, 532, 532, False)
+    padded = padded_shape(equal, gpu)
+    assert padded == StepShape(22, 11264, 532, 0, False)
+    assert padded_shape(np.array([512] * 18, dtype=np.int32), gpu) == StepShape(18, 9216, 512, 0, False)  # full
+    unequal = plan_shape(np.array([3000, 3000, 2100, 3000], dtype=np.int32), gpu)
+    assert first_sight_key(padded) == first_sight_key(unequal) == (11264, 0, 0)
+    assert first_sight_key(dense) == (11172, 532, 21)
 
 
 def test_a_padded_eager_step_packs_its_dummy_row_after_the_real_ones() -> None:
