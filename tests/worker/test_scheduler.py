@@ -244,7 +244,7 @@ def test_shapes_are_warmed_only_while_the_worker_is_idle_and_all_of_them(engine:
     loop.join(timeout=60)
     assert not loop.is_alive()
     assert [m.chunk_id for m in sent if isinstance(m, Result)] == ["first", "second"]
-    assert warming.waiting == 0 and len(warming.calls) >= 4
+    assert warming.waiting == 0 and len(warming.calls) >= 3  # one a turn of the idle loop
     assert min(warming.calls) == 1  # never before the first chunk was answered
 
 
