@@ -161,6 +161,18 @@ def _eager_ragged(num_seqs: int, num_tokens: int, longest: int, limits: GraphLim
     return StepShape(num_seqs, num_tokens, longest, 0, False)
 
 
+def bucket_filling_lens(bucket: int, max_row_len: int, max_rows: int) -> list[int] | None:
+    """Row lengths of a ragged batch one token short of bucket (so that the dummy row pads it to the bucket,
+    as a request's step would be): rows of 512 tokens or longer where the row cap needs it, at most
+    max_row_len; None when no batch of at most max_rows rows reaches the bucket."""
+    tokens = bucket - 1
+    row = min(max_row_len, max(SMALLEST_LENGTH_CLASS, -(-tokens // max_rows)))
+    if row * max_rows < tokens:
+        return None
+    full, rest = divmod(tokens, row)
+    return [row] * full + ([rest] if rest else [])
+
+
 def first_sight_key(shape: StepShape) -> tuple[int, int, int]:
     """What an eager step's kernels set themselves up for at first sight of a shape: the token count (the
     products' rows, for which cuBLAS picks an algorithm; the Triton kernels' row count, which they are

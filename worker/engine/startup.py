@@ -17,7 +17,7 @@ import torch
 
 from quiver.common.model_info import ModelError, ModelInfo, load_model_info
 from quiver.worker.engine.batch import Batch
-from quiver.worker.engine.buckets import DEFAULT_GRAPH_MAX_TOKENS, SMALLEST_LENGTH_CLASS, padded_shape
+from quiver.worker.engine.buckets import DEFAULT_GRAPH_MAX_TOKENS, bucket_filling_lens, padded_shape
 from quiver.worker.engine.choices import (
     choose_blas, choose_fusion, choose_gelu_epilogue, choose_swiglu_product,
     fusion_agreement, least_cosine, probe_batch,
@@ -225,19 +225,14 @@ def warm_eager_buckets(engine: Engine) -> dict[str, Any]:
     on an H100 such a first step of XLM-R large took 0-4 ms more than the same step again (bench/RESULTS.md,
     2026-12-07, last); XLM-R large's 32 buckets ran in 0.5 s."""
     start = time.perf_counter()
-    longest, rows = engine.info.model.max_input_length, engine.info.max_batch_seqs
     warmed = 0
     for token_rows in (False, True) if engine.info.model.m3_heads else (False,):
         limits = engine.token_graph_limits if token_rows else engine.graph_limits
         for bucket in engine.eager_buckets(token_rows):
-            tokens = bucket - 1  # one short: padded to the bucket by the dummy row, as a request's step would be
-            row = min(longest, max(SMALLEST_LENGTH_CLASS, -(-tokens // rows)))
-            if row * rows < tokens:
-                continue  # no batch within the row cap and the model's length reaches this bucket
-            full, rest = divmod(tokens, row)
-            lens = [row] * full + ([rest] if rest else [])
-            engine.warm_eager(padded_shape(np.array(lens), limits), lens, token_rows)
-            warmed += 1
+            lens = bucket_filling_lens(bucket, engine.info.model.max_input_length, engine.info.max_batch_seqs)
+            if lens is not None:  # else no batch the engine takes reaches this bucket
+                engine.warm_eager(padded_shape(np.array(lens), limits), lens, token_rows)
+                warmed += 1
     torch.cuda.synchronize(engine.device)
     if warmed:
         log.info("ran %d token buckets above the graphs once in %.1f s", warmed, time.perf_counter() - start)

@@ -8,8 +8,8 @@ import torch
 
 from quiver.worker.engine import Batch
 from quiver.worker.engine.buckets import (
-    NO_GRAPHS, GraphLimits, StepShape, example_lens, first_sight_key, graph_shapes, padded_shape, plan_shape,
-    token_bucket, token_buckets,
+    NO_GRAPHS, GraphLimits, StepShape, bucket_filling_lens, example_lens, first_sight_key, graph_shapes, padded_shape,
+    plan_shape, token_bucket, token_buckets,
 )
 from quiver.worker.engine.inputs import pack_batch, packed_size, unpack
 from quiver.worker.engine.lazy import HostSlots, LazyTensor, SlotsBusyError
@@ -64,6 +64,18 @@ def test_equal_rows_padded_instead_of_dense_share_their_buckets_first_sight_key(
     unequal = plan_shape(np.array([3000, 3000, 2100, 3000], dtype=np.int32), gpu)
     assert first_sight_key(padded) == first_sight_key(unequal) == (11264, 0, 0)
     assert first_sight_key(dense) == (11172, 532, 21)
+
+
+def test_start_up_batches_fill_each_eager_bucket_within_the_row_cap_and_the_models_length() -> None:
+    gpu = GraphLimits(max_tokens=8192, max_rows=257, max_row_len=8192, eager_pad_tokens=16384)
+    for bucket in (8448, 12800, 16384):
+        lens = bucket_filling_lens(bucket, max_row_len=8192, max_rows=256)
+        assert lens is not None and sum(lens) == bucket - 1 and max(lens) == 512
+        assert padded_shape(np.array(lens, dtype=np.int32), gpu).num_tokens == bucket
+    few_rows = bucket_filling_lens(16384, max_row_len=8192, max_rows=8)  # rows of 2,048 to stay within 8
+    assert few_rows is not None and len(few_rows) == 8 and sum(few_rows) == 16383
+    assert bucket_filling_lens(16384, max_row_len=128, max_rows=64) is None  # 64 x 128 cannot reach it
+    assert bucket_filling_lens(64, max_row_len=128, max_rows=64) == [63]
 
 
 def test_a_padded_eager_step_packs_its_dummy_row_after_the_real_ones() -> None:
