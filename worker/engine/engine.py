@@ -200,13 +200,12 @@ class Engine:
         """Run one queued dense shape (see _met_shape) once, so that its steps run dense from now on;
         False when none waits. For the scheduler to call while no step runs or waits: it takes one step's
         time on the device, which a request arriving meanwhile waits for as it would for any step."""
-        while self.dense_to_warm:
-            shape, token_rows = next(iter(self.dense_to_warm))
-            del self.dense_to_warm[(shape, token_rows)]
-            if not (self.token_runner if token_rows else self.runner).has_run(shape):
-                self.warm_eager(shape, [shape.dense_len] * shape.num_seqs, token_rows)
-                return True
-        return False
+        if not self.dense_to_warm:
+            return False
+        shape, token_rows = next(iter(self.dense_to_warm))  # queued only while not run: _met_shape pads it
+        del self.dense_to_warm[(shape, token_rows)]
+        self.warm_eager(shape, [shape.dense_len] * shape.num_seqs, token_rows)
+        return True
 
     def warm_eager(self, shape: StepShape, lens: list[int], token_rows: bool = False) -> None:
         """Run one eager step of shape (a batch of these row lengths) off the requests' path."""
