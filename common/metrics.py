@@ -204,7 +204,8 @@ CONTRACT: tuple[MetricSpec, ...] = (
           "set-up: cuDNN plans, product algorithms)", engine=True),
     _spec("quiver_worker_eager_warmups_total", "counter", WORKER, (),
           "Eager shapes run once off the requests' path so that their steps find their kernels set up: the token "
-          "buckets above the graphs at start-up, and dense shapes of equal rows while the worker is idle", engine=True),
+          "buckets above the graphs at start-up, and dense shapes of equal rows, set up on the engine's dense-step thread "
+          "beside the steps", engine=True),
     _spec("quiver_worker_graphs", "gauge", WORKER, (),
           "CUDA graphs held", engine=True),
     _spec("quiver_worker_graph_pool_bytes", "gauge", WORKER, (),

@@ -92,9 +92,6 @@ class FaultyEngine:
         self.timeline.append((launched, self.device_free_at))
         return DelayedResult(result, self.device_free_at)
 
-    def warm_when_idle(self) -> bool:
-        return bool(self.engine.warm_when_idle())
-
     def stats(self) -> dict[str, Any]:
         return self.engine.stats()
 

@@ -324,8 +324,6 @@ class Scheduler:
             if block:  # idle for a while: a good moment, off every request's path
                 if self.steps > self.trimmed_at_step:
                     self._trim()
-                if inbox.empty():
-                    self.engine.warm_when_idle()  # one shape a turn: the loop checks for stop between them
             return False
         while True:
             try:

@@ -40,15 +40,12 @@ class StepResult(Protocol):
 @runtime_checkable
 class StepEngine(Protocol):
     """The engine as the scheduler uses it: info.model (a ModelInfo: kind, tasks, vocabulary, length limit, token types),
-    info.output_dim, info.device (its type sizes background steps), step(), which launches one batch and
-    returns at once on a GPU, and warm_when_idle(), which runs one shape a step met cold (False when none
-    waits) while no step runs or waits."""
+    info.output_dim, info.device (its type sizes background steps), and step(), which launches one batch and
+    returns at once on a GPU."""
 
     info: Any
 
     def step(self, batch: Batch) -> StepResult: ...
-
-    def warm_when_idle(self) -> bool: ...
 
 
 @dataclass(eq=False)

@@ -102,9 +102,6 @@ class BlockingEngine:
         rows = np.ones((batch.num_seqs, 4), dtype=np.float32)
         return types.SimpleNamespace(wait=lambda copy=True: rows, release=lambda: None)
 
-    def warm_when_idle(self):
-        return False
-
 
 def test_the_scheduler_loop_pets_the_watchdog_and_stops_when_it_hangs(path_socket):
     from quiver.common.protocol import Chunk

@@ -209,45 +209,6 @@ def test_the_loop_runs_everything_waiting_as_one_step_and_answers_each_chunk(eng
         assert results[chunk.chunk_id].inference_s >= 0 and results[chunk.chunk_id].queue_s >= 0
 
 
-class _ShapesToWarm:
-    """The real engine, with `waiting` shapes queued for warm_when_idle; each call notes what was sent by then."""
-
-    def __init__(self, engine: Engine, waiting: int, sent: list[Message]) -> None:
-        self.engine, self.info, self.waiting, self.sent = engine, engine.info, waiting, sent
-        self.calls: list[int] = []
-
-    def step(self, batch: Batch):
-        return self.engine.step(batch)
-
-    def warm_when_idle(self) -> bool:
-        self.calls.append(len(self.sent))
-        if not self.waiting:
-            return False
-        self.waiting -= 1
-        return True
-
-
-def test_shapes_are_warmed_only_while_the_worker_is_idle_and_all_of_them(engine: Engine) -> None:
-    sent: list[Message] = []
-    warming = _ShapesToWarm(engine, 3, sent)
-    scheduler = _scheduler(warming, sent, tokens=512, seqs=32)
-    inbox: queue.Queue = queue.Queue()
-    inbox.put(_chunk("first", [30, 12]))
-    stop, drain = threading.Event(), threading.Event()
-    loop = threading.Thread(target=scheduler.run, args=(inbox, stop, drain), daemon=True)
-    loop.start()
-    deadline = time.monotonic() + 60
-    while warming.waiting and time.monotonic() < deadline:
-        time.sleep(0.01)
-    inbox.put(_chunk("second", [7]))
-    drain.set()
-    loop.join(timeout=60)
-    assert not loop.is_alive()
-    assert [m.chunk_id for m in sent if isinstance(m, Result)] == ["first", "second"]
-    assert warming.waiting == 0 and len(warming.calls) >= 3  # one a turn of the idle loop
-    assert min(warming.calls) == 1  # never before the first chunk was answered
-
-
 def test_online_steps_take_no_background_rows_and_background_steps_stay_short_while_online_work_is_about(
         engine: Engine) -> None:
     sent: list[Message] = []

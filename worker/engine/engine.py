@@ -5,10 +5,10 @@ copy from a pinned staging buffer, runs the model (by replaying that shape's CUD
 start-up, or eagerly when it has none), and starts an asynchronous copy of the result rows into a
 pinned output slot. An eager step never meets a shape's first run on a request's path (see _met_shape):
 every token bucket above the graphs runs once at start-up (warm_eager_buckets), and rows of one length at
-a shape not run before run padded to their bucket while their dense shape waits for the worker to be idle
-(warm_when_idle). On the CPU it computes the result at once. A step of token rows (one row per token,
-BGE-M3's sparse and ColBERT outputs) is computed synchronously instead, replaying a graph of its own
-shape up to TOKEN_GRAPH_MAX_TOKENS on a BGE-M3 checkpoint.
+a shape not set up run padded to their bucket while the dense-step thread sets their shape up
+(dense_steps.py), on which such steps then run. On the CPU it computes the result at once. A step of
+token rows (one row per token, BGE-M3's sparse and ColBERT outputs) is computed synchronously instead,
+replaying a graph of its own shape up to TOKEN_GRAPH_MAX_TOKENS on a BGE-M3 checkpoint.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -28,6 +28,7 @@ from quiver.worker.engine.buckets import (
     DEFAULT_GRAPH_MAX_TOKENS, NO_GRAPHS, GraphLimits, StepShape, example_lens, graph_shapes, padded_shape,
     plan_shape, token_buckets,
 )
+from quiver.worker.engine.dense_steps import DenseStepThread
 from quiver.worker.engine.graphs import GraphRunner
 from quiver.worker.engine.inputs import StepTensors, pack_batch, packed_size, unpack
 from quiver.worker.engine.layers.attention import AttentionContext
@@ -43,10 +44,6 @@ NUM_HOST_SLOTS = 2
 # sparse vector is a batch-1 step whose eager launch costs the host far more than its kernels. Each such
 # graph keeps its own output, a float32 row per token: 46 graphs and 53 MiB at BGE-M3's width.
 TOKEN_GRAPH_MAX_TOKENS = 512
-# Eager shapes a runner keeps set up (the token buckets above its graphs, and dense shapes warmed while
-# idle): cuDNN keeps a plan per dense attention shape, so traffic of ever new equal-row shapes stops being
-# warmed at this many and runs padded to its buckets.
-MAX_EAGER_SHAPES = 512
 _STEPPING = threading.local()  # per thread: the stream an engine's step() last made current there
 
 
@@ -109,12 +106,13 @@ class Engine:
         self.graph_pool_bytes = 0  # both runners' one pool, measured once their graphs are captured
         self.token_graph_limits = NO_GRAPHS
         self.steps = 0
-        self.dense_to_warm: dict[tuple[StepShape, bool], None] = {}  # (shape, token rows), oldest first
         self._graph_token_limit = graph_max_tokens
         self.graph_limits = NO_GRAPHS
         if self.on_gpu:
             self.set_graph_limits(max_batch_tokens, max_batch_seqs)
             self.stream = torch.cuda.Stream(device)
+            self.dense_steps = DenseStepThread(device, self.stream, self._set_up_dense)
+            self._set_up_stream = torch.cuda.Stream(device)  # dense set-ups' work beside the steps'
             capacity = packed_size(max_batch_seqs + 1, max_batch_tokens)
             self._staging = [torch.empty(capacity, dtype=torch.int32, pin_memory=True) for _ in range(2)]
             self._staging_arrays = [staging.numpy() for staging in self._staging]
@@ -170,7 +168,7 @@ class Engine:
         try:
             self._use_stream()
             tensors = self.upload(batch, shape)
-            out = self.runner.run(shape, lambda: self._forward_eagerly(shape, tensors))
+            out = self._run(self.runner, shape, lambda: self._forward_eagerly(shape, tensors))
             host, rows = self._host_rows(slot, batch.num_seqs)
             host.copy_(out[: batch.num_seqs], non_blocking=True)
             event = self._slot_events[slot]  # reused: the slot's last reader has released it
@@ -181,31 +179,30 @@ class Engine:
         return LazyTensor(rows, event, self.slots, slot)
 
     def _met_shape(self, shape: StepShape, batch: Batch, token_rows: bool) -> StepShape:
-        """shape, or, for rows of one length at a dense shape not run before, the batch as ragged rows
-        padded to its token bucket (warmed at start-up), its dense shape queued for warm_when_idle.
+        """shape, or, for rows of one length at a dense shape the dense-step thread cannot run yet, the batch
+        as ragged rows padded to its token bucket (warmed at start-up), the dense shape's set-up queued there.
 
-        A dense shape's first run meets cuDNN's plan for its attention, cuBLAS's choice of algorithm and
-        Triton's compilation for its token count on the request's path: on an H100, 45-105 ms more for an
-        XLM-R-large step of 17-30 rows of 532 tokens, 48-72 ms of it cuDNN's plan, which PyTorch keeps per
-        thread (bench/RESULTS.md, 2026-12-07, last). Padded, the step runs FlashAttention-2 instead of cuDNN's
-        dense attention: about 9 % slower there, until the worker is idle long enough to warm the shape."""
-        runner = self.token_runner if token_rows else self.runner
-        if not shape.dense_len or shape.graphable or runner.has_run(shape):
+        A dense shape's first run builds cuDNN's plan for its attention: on an H100, 45-105 ms more for an
+        XLM-R-large step of 17-30 rows of 532 tokens, 48-72 ms of it the plan, which PyTorch keeps per thread
+        (bench/RESULTS.md, 2026-12-07, last). Padded, the step runs FlashAttention-2 instead of cuDNN's dense
+        attention: about 9 % slower there, until its shape is set up (dense_steps.py)."""
+        if not shape.dense_len or shape.graphable or self.dense_steps.ready(shape):
             return shape
-        if len(runner.eager_shapes) + len(self.dense_to_warm) < MAX_EAGER_SHAPES:
-            self.dense_to_warm[(shape, token_rows)] = None
+        self.dense_steps.set_up_later(shape, token_rows)
         return padded_shape(batch.seq_lens, self.token_graph_limits if token_rows else self.graph_limits)
 
-    def warm_when_idle(self) -> bool:
-        """Run one queued dense shape (see _met_shape) once, so that its steps run dense from now on;
-        False when none waits. For the scheduler to call while no step runs or waits: it takes one step's
-        time on the device, which a request arriving meanwhile waits for as it would for any step."""
-        if not self.dense_to_warm:
-            return False
-        shape, token_rows = next(iter(self.dense_to_warm))  # queued only while not run: _met_shape pads it
-        del self.dense_to_warm[(shape, token_rows)]
-        self.warm_eager(shape, [shape.dense_len] * shape.num_seqs, token_rows)
-        return True
+    def _run(self, runner: GraphRunner, shape: StepShape, forward: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """runner.run(shape, forward); an eager dense step on the dense-step thread, where its cuDNN plan is."""
+        if shape.dense_len and not shape.graphable:
+            return self.dense_steps.run(lambda: runner.run(shape, forward))
+        return runner.run(shape, forward)
+
+    def _set_up_dense(self, shape: StepShape, token_rows: bool) -> None:
+        """On the dense-step thread: build what a dense step of shape meets at first sight (its attention's
+        plan), on a stream of its own beside the steps; counted as an eager warm-up."""
+        runner = self.token_runner if token_rows else self.runner
+        with torch.cuda.stream(self._set_up_stream):
+            runner.warm(shape, lambda: self.selector.set_up_dense(shape.num_seqs, shape.dense_len))
 
     def warm_eager(self, shape: StepShape, lens: list[int], token_rows: bool = False) -> None:
         """Run one eager step of shape (a batch of these row lengths) off the requests' path."""
@@ -320,7 +317,7 @@ class Engine:
                 shape = self._met_shape(shape, batch, token_rows=True)
                 with torch.cuda.stream(self.stream):
                     uploaded = self.upload(batch, shape)
-                    rows = self.token_runner.run(shape, lambda: self.forward_tokens(shape, uploaded))
+                    rows = self._run(self.token_runner, shape, lambda: self.forward_tokens(shape, uploaded))
                     return self._token_columns(rows[: batch.num_tokens], batch).cpu().numpy()
             rows = self.forward_tokens(shape, self._host_step(batch, shape))
             return self._token_columns(rows[: batch.num_tokens], batch).numpy()

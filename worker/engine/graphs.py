@@ -39,7 +39,7 @@ class GraphCounters:
     replays: int = 0
     eager_steps: int = 0
     eager_new_shapes: int = 0  # eager steps at a shape not run eagerly before (see GraphRunner.run)
-    eager_warmups: int = 0  # eager shapes run off the requests' path, at start-up or while idle (GraphRunner.warm)
+    eager_warmups: int = 0  # eager shapes set up off the requests' path: at start-up, or dense ones (GraphRunner.warm)
     capture_failures: int = 0
 
 
@@ -93,12 +93,7 @@ class GraphRunner:
         self.counters.replays += 1
         return captured.output
 
-    def has_run(self, shape: StepShape) -> bool:
-        """Whether a step of this shape would find its kernels set up: it has a graph, or its first-sight
-        key has run eagerly."""
-        return shape in self.graphs or first_sight_key(shape) in self.eager_shapes
-
-    def warm(self, shape: StepShape, forward: Callable[[], torch.Tensor]) -> None:
+    def warm(self, shape: StepShape, forward: Callable[[], object]) -> None:
         """Run forward eagerly once off the requests' path, so that a step of this shape later finds its
         kernels set up; counted as a warm-up, not as a step."""
         forward()

@@ -157,6 +157,18 @@ class AttentionSelector:
             self._choice[key] = backend
         return dataclasses.replace(ctx, backend=backend)
 
+    def set_up_dense(self, rows: int, length: int) -> None:
+        """Call the backend a dense step of rows x length takes once, on random inputs in the calling thread's
+        current stream, and wait for it: what builds that shape's per-thread state (cuDNN's attention plan)
+        in the calling thread (dense_steps.py). Only once frozen: a measurement captures CUDA graphs, which
+        the stepping thread's work beside it would break."""
+        if not self.frozen:
+            raise RuntimeError("dense shapes are set up only once the attention survey is done")
+        ctx = self.choose(context_for_lens([length] * rows, self.spec, self.device, dense=True))
+        q, k, v = _random_qkv(ctx, self.dtype)
+        ctx.backend(q, k, v, ctx)
+        torch.cuda.current_stream(self.device).synchronize()
+
     def freeze(self) -> None:
         """From now on, shapes not yet seen take the nearest surveyed shape's winner instead of being timed."""
         self.frozen = True
