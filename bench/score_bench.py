@@ -271,7 +271,8 @@ def run_quiver(url: str, args: argparse.Namespace, worker_metrics: str | None = 
     runs = {"quiver": (lambda body: json.dumps(body).encode(), lambda payload: raw.post("/rerank", payload)),
             "quiver_httpx": (lambda body: body, library_post)}
     results: dict[str, dict[str, Any]] = {
-        name: {"latency_ms": {}, "ranked": {}, "server_stages_ms": {}, "first_share": {}, "eager": {}} for name in runs}
+        name: {"latency_ms": {}, "samples_ms": {}, "ranked": {}, "server_stages_ms": {}, "first_share": {}, "eager": {}}
+        for name in runs}
     try:
         info = library.get(url + "/info").json()
         for count in DOC_COUNTS:
@@ -280,6 +281,7 @@ def run_quiver(url: str, args: argparse.Namespace, worker_metrics: str | None = 
                 samples, ranked, stages = quiver_latency(client, count, args)
                 result = results[name]
                 result["latency_ms"][count], result["ranked"][count] = percentiles(samples), ranked
+                result["samples_ms"][count] = [round(sample, 3) for sample in samples]  # in order: when a slow one came
                 result["server_stages_ms"][count] = stages
                 result["first_share"][count] = first_share(library, url)
                 result["eager"][count] = {key: value - eager_before[key]

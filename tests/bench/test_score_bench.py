@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from quiver.bench.score_bench import DOC_COUNTS
 
 
@@ -36,6 +38,9 @@ def test_score_bench_times_quiver_with_both_clients_and_their_rankings_agree(tmp
             assert [score for _, score in ranked] == sorted((score for _, score in ranked), reverse=True)
         # The worker's eager steps during the run (none on a CPU worker, whose steps are all plain forwards).
         assert set(result["quiver"]["eager"][count]) == {"eager_steps", "eager_new_shapes", "eager_warmups"}, count
+        samples = result["quiver"]["samples_ms"][count]
+        assert len(samples) == result["quiver"]["latency_ms"][count]["n"] and max(samples) == pytest.approx(
+            result["quiver"]["latency_ms"][count]["max"], abs=1e-3)
         stages = result["quiver"]["server_stages_ms"][count]
         assert 0 < stages["inference"]["p50"] <= stages["total"]["p50"] <= result["quiver"]["latency_ms"][count]["max"]
     assert all(difference < 0.01 for difference in result["max_score_difference"].values())

@@ -116,6 +116,7 @@ def load_engine(
         detail["memory_and_attention_s"] = elapsed_since(phase)
         detail.update(capture_graphs(engine))
         detail.update(warm_eager_buckets(engine))
+        detail["dense_thread_s"] = engine.prime_dense_steps()
     engine.info.startup_seconds = elapsed_since(start)
     engine.info.startup_detail = detail
     log_startup(engine)

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import inspect
+import threading
 from typing import Any, cast
 
 import torch
@@ -24,6 +25,10 @@ from quiver.worker.engine.layers.attention import AttentionContext
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 PADDING_LIMIT = 4  # padded attention on a GPU: at most this many padded slots per real token
+# sdpa_kernel() pins SDPA's kernels through process-wide flags, so that a dense step's call on the dense-step
+# thread (dense_steps.py) would change the kernels another thread's call may take ("No available kernel" for
+# a float32 masked call, seen on an H100): every SDPA call here holds this lock.
+_SDPA_FLAGS = threading.Lock()
 
 
 def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -55,10 +60,11 @@ class PaddedSdpa:
         mask = (key_index.unsqueeze(0) < lens)[:, None, None, :]
         if ctx.spec.causal:
             mask = mask & (key_index.unsqueeze(1) >= key_index.unsqueeze(0))
-        out = F.scaled_dot_product_attention(
-            to_rows(q), to_rows(_repeat_kv(k, groups)), to_rows(_repeat_kv(v, groups)),
-            attn_mask=mask, scale=ctx.spec.scale,
-        )
+        with _SDPA_FLAGS:
+            out = F.scaled_dot_product_attention(
+                to_rows(q), to_rows(_repeat_kv(k, groups)), to_rows(_repeat_kv(v, groups)),
+                attn_mask=mask, scale=ctx.spec.scale,
+            )
         return out.transpose(1, 2)[seq_ids, positions]
 
 
@@ -159,7 +165,7 @@ class DenseSdpa:
         def to_rows(x: torch.Tensor) -> torch.Tensor:
             return x.view(rows, length, x.shape[1], x.shape[2]).transpose(1, 2)
 
-        with sdpa_kernel([self._kernel]):
+        with _SDPA_FLAGS, sdpa_kernel([self._kernel]):
             out = F.scaled_dot_product_attention(
                 to_rows(q), to_rows(k), to_rows(v), is_causal=ctx.spec.causal, scale=ctx.spec.scale,
                 enable_gqa=groups > 1 and not self._expand_kv,
