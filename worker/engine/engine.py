@@ -13,6 +13,7 @@ replaying a graph of its own shape up to TOKEN_GRAPH_MAX_TOKENS on a BGE-M3 chec
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -205,13 +206,16 @@ class Engine:
             runner.warm(shape, lambda: self.selector.set_up_dense(shape.num_seqs, shape.dense_len))
 
     def prime_dense_steps(self) -> float:
-        """Run a small dense step on the dense-step thread (start-up only): that thread's first CUDA work
-        (PyTorch's per-thread cuBLAS and cuDNN handles, cuDNN's first plan) then happens before serving, not
-        beside a request's step. Returns the seconds it took."""
+        """Run two small dense steps on the dense-step thread (start-up only), so that its first work happens
+        before serving, not on a request: that thread's first CUDA calls (PyTorch's per-thread cuBLAS and cuDNN
+        handles), and the Triton kernels' versions for a token count not divisible by 16, which no bucketed
+        step ever has but dense steps do (Triton compiles a kernel apart for each). Returns the seconds taken."""
         start = time.perf_counter()
         length = min(512, self.info.model.max_input_length, self.info.max_batch_tokens // 2)
-        ids = np.random.default_rng(0).integers(3, self.info.model.vocab_size, size=2 * length, dtype=np.int32)
-        self.dense_steps.run(lambda: self.run_eager(Batch(input_ids=ids, seq_lens=np.full(2, length, np.int32))))
+        for row_len in {length, max(1, length - 1)}:  # 2 x 512 tokens, and 2 x 511: not divisible by 16
+            ids = np.random.default_rng(0).integers(3, self.info.model.vocab_size, size=2 * row_len, dtype=np.int32)
+            batch = Batch(input_ids=ids, seq_lens=np.full(2, row_len, np.int32))
+            self.dense_steps.run(functools.partial(self.run_eager, batch))
         return elapsed_since(start)
 
     def warm_eager(self, shape: StepShape, lens: list[int], token_rows: bool = False) -> None:
