@@ -206,15 +206,18 @@ class Engine:
             runner.warm(shape, lambda: self.selector.set_up_dense(shape.num_seqs, shape.dense_len))
 
     def prime_dense_steps(self) -> float:
-        """Run two small dense steps on the dense-step thread (start-up only), so that its first work happens
-        before serving, not on a request: that thread's first CUDA calls (PyTorch's per-thread cuBLAS and cuDNN
-        handles), and the Triton kernels' versions for a token count not divisible by 16, which no bucketed
-        step ever has but dense steps do (Triton compiles a kernel apart for each). Returns the seconds taken."""
+        """Run the smallest dense steps above the graphs on the dense-step thread (start-up only), so that its
+        first work happens before serving, not on a request: that thread's first CUDA calls (PyTorch's
+        per-thread cuBLAS and cuDNN handles), and the Triton kernels' versions for a token count not divisible
+        by 16, which no bucketed step has but dense steps do (Triton compiles a kernel apart for each).
+        Rows of 512 tokens, then of 511; returns the seconds taken."""
         start = time.perf_counter()
-        length = min(512, self.info.model.max_input_length, self.info.max_batch_tokens // 2)
-        for row_len in {length, max(1, length - 1)}:  # 2 x 512 tokens, and 2 x 511: not divisible by 16
-            ids = np.random.default_rng(0).integers(3, self.info.model.vocab_size, size=2 * row_len, dtype=np.int32)
-            batch = Batch(input_ids=ids, seq_lens=np.full(2, row_len, np.int32))
+        info = self.info
+        length = min(512, info.model.max_input_length, info.max_batch_tokens)
+        for row_len in dict.fromkeys((length, max(1, length - 1))):
+            rows = min(self.graph_limits.max_tokens // row_len + 1, info.max_batch_tokens // row_len, info.max_batch_seqs)
+            ids = np.random.default_rng(0).integers(3, info.model.vocab_size, size=rows * row_len, dtype=np.int32)
+            batch = Batch(input_ids=ids, seq_lens=np.full(rows, row_len, np.int32))
             self.dense_steps.run(functools.partial(self.run_eager, batch))
         return elapsed_since(start)
 
