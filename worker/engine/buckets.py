@@ -173,6 +173,18 @@ def bucket_filling_lens(bucket: int, max_row_len: int, max_rows: int) -> list[in
     return [row] * full + ([rest] if rest else [])
 
 
+def dense_priming_lens(limits: GraphLimits, max_row_len: int, max_tokens: int, max_rows: int) -> list[list[int]]:
+    """Row lengths of the smallest dense steps above the graphs, one with rows of 512 tokens (or the longest
+    row, if shorter) and one with rows a token shorter, so that one token count is divisible by 16 and the
+    other is not (Engine.prime_dense_steps); each within the step budget and the row cap."""
+    length = min(SMALLEST_LENGTH_CLASS, max_row_len, max_tokens)
+    batches = []
+    for row_len in dict.fromkeys((length, max(1, length - 1))):
+        rows = max(1, min(limits.max_tokens // row_len + 1, max_tokens // row_len, max_rows))
+        batches.append([row_len] * rows)
+    return batches
+
+
 def first_sight_key(shape: StepShape) -> tuple[int, int, int]:
     """What an eager step's kernels set themselves up for at first sight of a shape: the token count (the
     products' rows, for which cuBLAS picks an algorithm; the Triton kernels' row count, which they are

@@ -26,8 +26,8 @@ from quiver.common.model_info import KIND_EMBEDDING, ModelInfo
 from quiver.common.ragged import check_shape
 from quiver.worker.engine.batch import Batch
 from quiver.worker.engine.buckets import (
-    DEFAULT_GRAPH_MAX_TOKENS, NO_GRAPHS, GraphLimits, StepShape, example_lens, graph_shapes, padded_shape,
-    plan_shape, token_buckets,
+    DEFAULT_GRAPH_MAX_TOKENS, NO_GRAPHS, GraphLimits, StepShape, dense_priming_lens, example_lens, graph_shapes,
+    padded_shape, plan_shape, token_buckets,
 )
 from quiver.worker.engine.dense_steps import DenseStepThread
 from quiver.worker.engine.graphs import GraphRunner
@@ -209,16 +209,16 @@ class Engine:
         """Run the smallest dense steps above the graphs on the dense-step thread (start-up only), so that its
         first work happens before serving, not on a request: that thread's first CUDA calls (PyTorch's
         per-thread cuBLAS and cuDNN handles), and the Triton kernels' versions for a token count not divisible
-        by 16, which no bucketed step has but dense steps do (Triton compiles a kernel apart for each).
-        Rows of 512 tokens, then of 511; returns the seconds taken."""
+        by 16, which no bucketed step has but dense steps do (Triton compiles a kernel apart for each; its
+        row norms' tile depends on the token count too, hence steps as large as the dense ones above the
+        graphs: buckets.dense_priming_lens). Returns the seconds taken."""
         start = time.perf_counter()
         info = self.info
-        length = min(512, info.model.max_input_length, info.max_batch_tokens)
-        for row_len in dict.fromkeys((length, max(1, length - 1))):
-            rows = min(self.graph_limits.max_tokens // row_len + 1, info.max_batch_tokens // row_len, info.max_batch_seqs)
-            ids = np.random.default_rng(0).integers(3, info.model.vocab_size, size=rows * row_len, dtype=np.int32)
-            batch = Batch(input_ids=ids, seq_lens=np.full(rows, row_len, np.int32))
-            self.dense_steps.run(functools.partial(self.run_eager, batch))
+        for lens in dense_priming_lens(self.graph_limits, info.model.max_input_length, info.max_batch_tokens,
+                                       info.max_batch_seqs):
+            seq_lens = np.array(lens, dtype=np.int32)
+            ids = np.random.default_rng(0).integers(3, info.model.vocab_size, size=int(seq_lens.sum()), dtype=np.int32)
+            self.dense_steps.run(functools.partial(self.run_eager, Batch(input_ids=ids, seq_lens=seq_lens)))
         return elapsed_since(start)
 
     def warm_eager(self, shape: StepShape, lens: list[int], token_rows: bool = False) -> None:

@@ -8,8 +8,8 @@ import torch
 
 from quiver.worker.engine import Batch
 from quiver.worker.engine.buckets import (
-    NO_GRAPHS, GraphLimits, StepShape, bucket_filling_lens, example_lens, first_sight_key, graph_shapes, padded_shape,
-    plan_shape, token_bucket, token_buckets,
+    NO_GRAPHS, GraphLimits, StepShape, bucket_filling_lens, dense_priming_lens, example_lens, first_sight_key,
+    graph_shapes, padded_shape, plan_shape, token_bucket, token_buckets,
 )
 from quiver.worker.engine.inputs import pack_batch, packed_size, unpack
 from quiver.worker.engine.lazy import HostSlots, LazyTensor, SlotsBusyError
@@ -76,6 +76,20 @@ def test_start_up_batches_fill_each_eager_bucket_within_the_row_cap_and_the_mode
     assert few_rows is not None and len(few_rows) == 8 and sum(few_rows) == 16383
     assert bucket_filling_lens(16384, max_row_len=128, max_rows=64) is None  # 64 x 128 cannot reach it
     assert bucket_filling_lens(64, max_row_len=128, max_rows=64) == [63]
+
+
+def test_dense_priming_steps_are_dense_eager_steps_with_token_counts_on_both_sides_of_16() -> None:
+    gpu = GraphLimits(max_tokens=8192, max_rows=257, max_row_len=8192, eager_pad_tokens=16384)
+    batches = dense_priming_lens(gpu, max_row_len=8192, max_tokens=16384, max_rows=256)
+    assert batches == [[512] * 17, [511] * 17]  # 8,704 and 8,687 tokens: just above the graphs
+    for lens in batches:
+        shape = plan_shape(np.array(lens, dtype=np.int32), gpu)
+        assert shape.dense_len == lens[0] and not shape.graphable
+    assert sorted(sum(lens) % 16 == 0 for lens in batches) == [False, True]
+    # Within the budget and the row cap, and for models whose rows are short: still two steps.
+    assert dense_priming_lens(gpu, max_row_len=8192, max_tokens=4096, max_rows=256) == [[512] * 8, [511] * 8]
+    assert dense_priming_lens(gpu, max_row_len=128, max_tokens=16384, max_rows=32) == [[128] * 32, [127] * 32]
+    assert dense_priming_lens(NO_GRAPHS, max_row_len=8192, max_tokens=16384, max_rows=256) == [[512], [511]]
 
 
 def test_a_padded_eager_step_packs_its_dummy_row_after_the_real_ones() -> None:
