@@ -248,8 +248,8 @@ EAGER_COUNTERS = ("quiver_worker_eager_steps_total", "quiver_worker_eager_new_sh
 
 
 def eager_counts(client: httpx.Client, worker_metrics: str | None) -> dict[str, float]:
-    """The worker's eager steps, those at a shape not run before, and its eager warm-ups (dense shapes run
-    while it was idle) ({} for a server this script did not start: its worker's /metrics is not known)."""
+    """The worker's eager steps, those at a shape not run before, and its eager warm-ups (dense shapes set up
+    on its dense-step thread) ({} for a server this script did not start: its worker's /metrics is not known)."""
     if worker_metrics is None:
         return {}
     values = read_metrics(client, worker_metrics)

@@ -321,9 +321,8 @@ class Scheduler:
         try:
             self.accept(inbox.get(timeout=IDLE_POLL_S) if block else inbox.get_nowait())
         except queue.Empty:
-            if block:  # idle for a while: a good moment, off every request's path
-                if self.steps > self.trimmed_at_step:
-                    self._trim()
+            if block and self.steps > self.trimmed_at_step:
+                self._trim()  # idle for a while: a good moment, off every request's path
             return False
         while True:
             try:

@@ -38,8 +38,8 @@ algorithm for each new product shape is the likely cause, not established). Padd
 717-732 and 462-463 either way: where exact counts repeat, the padding costs 2-5 % (its tokens, and
 products at multiples of 256 rows that run up to 8 % slower per row than at the counts beside them).
 Steps of equal rows keep their exact shape: they run as dense rows (cuDNN), which the dummy would break;
-until their dense shape has run once, off the requests' path, the engine runs them as padded_shape pads
-them (Engine._met_shape).
+until the engine's dense-step thread has set their shape up, off the requests' path, the engine runs them
+as padded_shape pads them (Engine._met_shape, dense_steps.py).
 """
 
 from __future__ import annotations

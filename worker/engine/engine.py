@@ -216,9 +216,8 @@ class Engine:
         info = self.info
         for lens in dense_priming_lens(self.graph_limits, info.model.max_input_length, info.max_batch_tokens,
                                        info.max_batch_seqs):
-            seq_lens = np.array(lens, dtype=np.int32)
-            ids = np.random.default_rng(0).integers(3, info.model.vocab_size, size=int(seq_lens.sum()), dtype=np.int32)
-            self.dense_steps.run(functools.partial(self.run_eager, Batch(input_ids=ids, seq_lens=seq_lens)))
+            batch = synthetic_batch(sum(lens), lens[0], info.model.vocab_size)
+            self.dense_steps.run(functools.partial(self.run_eager, batch))
         return elapsed_since(start)
 
     def warm_eager(self, shape: StepShape, lens: list[int], token_rows: bool = False) -> None:
