@@ -160,7 +160,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     pooling = BENCH_MODELS[name][2]
     result: dict[str, Any] = {"model": name, "checkpoint_s": round(time.perf_counter() - start, 1)}
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
-    lengths = [n for n in LATENCY_LENGTHS if n <= args.max_length]
+    lengths = [n for n in args.lengths if n <= args.max_length]
     workloads = [(c, n) for c, n in THROUGHPUT_WORKLOADS if n <= args.max_length]
     check_ids = random_ids(np.random.default_rng(99), 512, vocab)
     gate: tuple[list[np.ndarray], np.ndarray] | None = None
@@ -271,14 +271,14 @@ def judge(engine: Engine, inputs: list[np.ndarray], reference: np.ndarray) -> di
             "mean_cosine": round(float(cosines.mean()), 6), "passed": bool(cosines.min() >= 0.999)}
 
 
-def markdown(results: list[dict[str, Any]]) -> str:
-    lines = ["| model | runner | " + " | ".join(f"{n} tok p50 / p90 / p99 / max (ms)" for n in LATENCY_LENGTHS) + " |"]
-    lines.append("| --- | --- |" + " --- |" * len(LATENCY_LENGTHS))
+def markdown(results: list[dict[str, Any]], lengths: tuple[int, ...] = LATENCY_LENGTHS) -> str:
+    lines = ["| model | runner | " + " | ".join(f"{n} tok p50 / p90 / p99 / max (ms)" for n in lengths) + " |"]
+    lines.append("| --- | --- |" + " --- |" * len(lengths))
     for r in results:
         for runner, figures in _runners(r, "latency_ms"):
             cells = [
                 " / ".join(str(figures[n][p]) for p in ("p50", "p90", "p99", "max")) if n in figures else "-"
-                for n in LATENCY_LENGTHS
+                for n in lengths
             ]
             lines.append(f"| {r['model']} | {runner} | " + " | ".join(cells) + " |")
     lines += ["", "| model | runner | " + " | ".join(f"{c}x{n} (emb/s)" for c, n in THROUGHPUT_WORKLOADS) + " |"]
@@ -306,6 +306,9 @@ def main() -> None:
     parser.add_argument("--hf-iters", type=int, default=30, help="transformers latency samples per length")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="tokens per batch in throughput runs")
     parser.add_argument("--max-length", type=int, default=4096, help="skip lengths above this (quick runs)")
+    parser.add_argument("--lengths", type=lambda text: tuple(int(n) for n in text.split(",")), default=LATENCY_LENGTHS,
+                        help="batch-1 lengths, comma-separated; one not at a graph bucket's length replays a "
+                             "ragged graph (varlen attention), one at it the bucket's dense graph")
     parser.add_argument("--layers", type=int, default=0, help="override the layer count (quick runs only)")
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--dtypes", default="", help="engine dtypes to run, e.g. bfloat16,fp8 (default: the device's)")
@@ -326,7 +329,7 @@ def main() -> None:
         out.write_text(json.dumps({"env": env, "date": time.strftime("%Y-%m-%d"), "results": results}, indent=1))
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    print(markdown(results))
+    print(markdown(results, args.lengths))
 
 
 if __name__ == "__main__":

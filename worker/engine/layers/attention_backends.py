@@ -7,6 +7,7 @@
   heads than query heads (GQA) where varlen_attn of some releases does not: repeating K and V for it
   cost Qwen3 5 of 37 ms at 32 x 512 tokens on an H200 (bench/RESULTS.md, 2026-12-03).
 - FlashAttnVarlen: flash_attn.flash_attn_varlen_func, when the flash-attn package is installed.
+- TritonVarlen: the hand-written Triton kernel of triton_attention.py on ragged rows; GQA native.
 - DenseSdpa: SDPA on [S, H, L, D] views, for steps whose rows all have one length (one sequence, or
   equal lengths); pinned to one SDPA kernel, e.g. cuDNN.
 """
@@ -145,6 +146,23 @@ class FlashAttnVarlen:
         )
 
 
+class TritonVarlen:
+    name = "triton_varlen"
+
+    def __init__(self) -> None:
+        from quiver.worker.engine.layers.triton_attention import varlen_attention
+
+        self._fn = varlen_attention
+
+    def supports(self, ctx: AttentionContext, dtype: torch.dtype) -> bool:
+        width = ctx.spec.head_dim
+        return (dtype in _HALF_TYPES and ctx.cu_seqlens.device.type == "cuda" and width >= 16
+                and not width & (width - 1) and ctx.spec.num_heads % ctx.spec.num_kv_heads == 0)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        return self._fn(q, k, v, ctx.cu_seqlens, ctx.max_seqlen, ctx.spec.scale, ctx.spec.causal)
+
+
 class DenseSdpa:
     """SDPA on equal-length rows, pinned to one kernel (cuDNN, flash, ...)."""
 
@@ -187,6 +205,10 @@ def available_backends(device: torch.device) -> list[Any]:
     except ImportError:
         pass
     backends.append(AtenFlashVarlen())
+    try:
+        backends.append(TritonVarlen())
+    except ImportError:
+        pass
     for kernel, label in ((SDPBackend.CUDNN_ATTENTION, "cudnn"), (SDPBackend.FLASH_ATTENTION, "flash")):
         backends += [DenseSdpa(kernel, label, expand_kv=False), DenseSdpa(kernel, label, expand_kv=True)]
     backends.append(PaddedSdpa())
