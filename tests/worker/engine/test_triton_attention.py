@@ -21,7 +21,9 @@ if not ON_GPU:
     _previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
-from quiver.worker.engine.layers.triton_attention import AttentionTile, varlen_attention  # noqa: E402 - after the interpreter is chosen
+from quiver.worker.engine.layers.triton_attention import (  # noqa: E402 - after the interpreter is chosen
+    AttentionTile, tile_for, varlen_attention,
+)
 
 if not ON_GPU:
     if _previous is None:
@@ -70,10 +72,13 @@ def run_case(heads: int, kv_heads: int, width: int, causal: bool, lens: list[int
 @pytest.mark.skipif(ON_GPU, reason="the interpreter runs where there is no GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,width,causal", CPU_CASES)
+@pytest.mark.parametrize("tile", [SMALL_TILE, None], ids=["small tile", "default tile"])
 def test_the_interpreted_kernel_matches_each_row_alone(heads: int, kv_heads: int, width: int, causal: bool,
-                                                       dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+                                                       dtype: torch.dtype, tile: AttentionTile | None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    error = run_case(heads, kv_heads, width, causal, CPU_LENS, 96, dtype, "cpu", SMALL_TILE)
+    assert tile is not None or tile_for(width).block_m < max(CPU_LENS)  # rows of several query blocks
+    error = run_case(heads, kv_heads, width, causal, CPU_LENS, 96, dtype, "cpu", tile)
     assert error < (1e-5 if dtype == torch.float32 else 2e-3), error
 
 
