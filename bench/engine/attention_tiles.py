@@ -3,8 +3,8 @@ rows and cuDNN's dense kernel, at the real heads, for each of a few launch tiles
 
 Each case is laid out as a graph step lays it out: the real rows, then empty rows up to the step's row class,
 and a max_seqlen bound at least the longest row. Every time is GPU time from CUDA graph replays of several
-calls (no launch overhead), in ms per call. Each tile's output is compared with float32 attention of each
-row alone (relative L2 error; a tile the compiler refuses reports why). Run on a GPU:
+calls (no launch overhead), in ms per call, the median of five trials. Each tile's output is compared with
+float32 attention of each row alone (relative L2 error; a tile the compiler refuses reports why). On a GPU:
 
     python -m quiver.bench.engine.attention_tiles --json tiles.json
 """
@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
+from quiver.bench.engine.kernel_bench import graph_time_us
 from quiver.worker.engine.layers.attention import AttentionSpec
 from quiver.worker.engine.layers.attention_backends import AtenFlashVarlen, DenseSdpa
 from quiver.worker.engine.layers.attention_select import context_for_lens
@@ -51,22 +52,9 @@ NEAR_DEFAULT_TILES = (
 )
 
 
-def graph_ms(fn: Callable[[], object], calls: int = 5, replays: int = 20) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / (replays * calls)
+def graph_ms(fn: Callable[[], object], calls: int = 5) -> float:
+    """GPU ms per call: calls of fn captured in one CUDA graph and replayed (kernel_bench.graph_time_us)."""
+    return graph_time_us(fn, [()] * calls) / 1e3
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], spec: AttentionSpec) -> torch.Tensor:
