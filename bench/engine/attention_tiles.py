@@ -49,6 +49,9 @@ NEAR_DEFAULT_TILES = (
     AttentionTile(64, 64, 4, 3), AttentionTile(64, 64, 4, 2), AttentionTile(64, 64, 4, 4),
     AttentionTile(64, 128, 4, 2), AttentionTile(64, 128, 8, 2), AttentionTile(64, 32, 4, 3),
     AttentionTile(64, 64, 8, 3), AttentionTile(32, 64, 4, 3),
+    # two query heads of one key head a program (Qwen3's GQA; the same as one head for XLM-R's)
+    AttentionTile(64, 64, 4, 3, heads=2), AttentionTile(64, 64, 8, 3, heads=2), AttentionTile(32, 64, 4, 3, heads=2),
+    AttentionTile(64, 32, 4, 3, heads=2),
 )
 
 
@@ -89,7 +92,7 @@ def _case(spec: AttentionSpec, label: str, lens: list[int], rows: int, bound: in
         except Exception as exc:  # noqa: BLE001 - report, do not stop
             result["cudnn_dense_ms"] = f"failed: {type(exc).__name__}"
     for tile in tiles:
-        name = f"{tile.block_m}x{tile.block_n}/w{tile.warps}/s{tile.stages}"
+        name = f"{tile.block_m}x{tile.block_n}/w{tile.warps}/s{tile.stages}" + (f"/h{tile.heads}" if tile.heads > 1 else "")
         try:
             out = varlen_attention(q, k, v, ctx.cu_seqlens, bound, spec.scale, spec.causal, tile)
             error = float((out.float() - expected).norm() / expected.norm())

@@ -32,8 +32,9 @@ if not ON_GPU:
         os.environ["TRITON_INTERPRET"] = _previous
 
 SMALL_TILE = AttentionTile(32, 16, 4, 2)  # a few blocks per row at the interpreter's small sizes
+PAIRED_HEADS_TILE = AttentionTile(32, 16, 4, 2, heads=2)  # two query heads of one key head a program (GQA)
 CPU_CASES = [  # (query heads, key heads, head width, causal)
-    (4, 4, 16, False), (4, 2, 32, False), (4, 2, 32, True),
+    (4, 4, 16, False), (4, 2, 32, False), (4, 2, 32, True), (6, 2, 16, False),  # 3 heads a key head: no pairing
 ]
 CPU_LENS = [37, 64, 5, 1, 21, 0, 70, 0]
 
@@ -72,7 +73,7 @@ def run_case(heads: int, kv_heads: int, width: int, causal: bool, lens: list[int
 @pytest.mark.skipif(ON_GPU, reason="the interpreter runs where there is no GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,width,causal", CPU_CASES)
-@pytest.mark.parametrize("tile", [SMALL_TILE, None], ids=["small tile", "default tile"])
+@pytest.mark.parametrize("tile", [SMALL_TILE, None, PAIRED_HEADS_TILE], ids=["small tile", "default tile", "heads paired"])
 def test_the_interpreted_kernel_matches_each_row_alone(heads: int, kv_heads: int, width: int, causal: bool,
                                                        dtype: torch.dtype, tile: AttentionTile | None,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,10 +90,11 @@ GPU_LENS = [517, 1, 0, 300, 2048, 64, 0, 1000, 129, 0, 0]
 @pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
 @pytest.mark.parametrize("heads,kv_heads,width", [(16, 16, 64), (16, 8, 128), (12, 12, 32)])
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("tile", [None, AttentionTile(64, 64, 4, 3, heads=2)], ids=["default tile", "heads paired"])
 def test_the_compiled_kernel_matches_each_row_alone_at_real_heads(heads: int, kv_heads: int, width: int,
-                                                                  causal: bool) -> None:
+                                                                  causal: bool, tile: AttentionTile | None) -> None:
     for bound in (2048, 4096):
-        error = run_case(heads, kv_heads, width, causal, GPU_LENS, bound, torch.bfloat16, "cuda", None)
+        error = run_case(heads, kv_heads, width, causal, GPU_LENS, bound, torch.bfloat16, "cuda", tile)
         assert error < 1e-2, (bound, error)
 
 

@@ -10,10 +10,11 @@ time at every case measured, ragged or not; for XLM-R's heads it beat cuDNN's de
 500 tokens and 14 of 532, and took 1.03 and 1.10 of its time at 6 and 32 rows of 512 (bench/RESULTS.md).
 The selector (attention_select.py) times it beside the others at start-up and takes it where it is fastest.
 
-One program computes BLOCK_M queries of one row and one head against every key of that row (or, causal,
-every key up to its last query), in blocks of BLOCK_N keys. The grid is (query blocks of the longest row
-allowed, rows x heads); a program past its row's end returns at once, so a graph's bound costs a launch
-per block, not its work. Query heads share a key head GROUPS to one (GQA) by reading it, not copying it.
+One program computes BLOCK_M queries of one row and one head (or of HEADS heads that share a key head)
+against every key of that row (or, causal, every key up to its last query), in blocks of BLOCK_N keys. The
+grid is (query blocks of the longest row allowed, rows x heads / HEADS); a program past its row's end
+returns at once, so a graph's bound costs a launch per block, not its work. Query heads share a key head
+GROUPS to one (GQA) by reading it, not copying it.
 q, k and v are read through their strides: the models hand in views of one fused projection output.
 Scores and the softmax are float32; probabilities are rounded to the inputs' dtype for the second product,
 as FlashAttention does.
@@ -31,12 +32,16 @@ import triton.language as tl
 
 @dataclass(frozen=True)
 class AttentionTile:
-    """A program's queries and keys per block, its warps and its software-pipeline stages."""
+    """A program's queries and keys per block, its warps and its software-pipeline stages, and the query heads
+    it takes together: heads > 1 stacks that many heads that share a key head (GQA) into one tile of
+    heads x block_m queries, so each block of keys is read once for all of them (a power of two dividing
+    the model's query heads per key head; otherwise one head a program)."""
 
     block_m: int
     block_n: int
     warps: int
     stages: int
+    heads: int = 1
 
 
 # 64 queries x 64 keys, 4 warps, 3 stages: the fastest of eight tiles at 16 of the 20 cases of
@@ -81,27 +86,29 @@ def _varlen_attention(q_ptr, k_ptr, v_ptr, out_ptr, cu_seqlens_ptr,
                       q_stride, q_head_stride, k_stride, k_head_stride, v_stride, v_head_stride,
                       out_stride, out_head_stride, scale_log2,
                       NUM_HEADS: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                      CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr):
     block = tl.program_id(0)
-    row_head = tl.program_id(1)
-    row = row_head // NUM_HEADS
-    head = row_head % NUM_HEADS
+    row_heads = tl.program_id(1)
+    row = row_heads // (NUM_HEADS // HEADS)
+    first_head = (row_heads % (NUM_HEADS // HEADS)) * HEADS
     start = tl.load(cu_seqlens_ptr + row).to(tl.int64)
     length = (tl.load(cu_seqlens_ptr + row + 1) - start).to(tl.int32)
     first = block * BLOCK_M
     if first >= length:
         return
-    queries = first + tl.arange(0, BLOCK_M)
+    lanes = tl.arange(0, HEADS * BLOCK_M)  # head-major: HEADS runs of BLOCK_M queries
+    queries = first + lanes % BLOCK_M
+    heads = first_head + lanes // BLOCK_M
     dims = tl.arange(0, HEAD_DIM)
     q_in_row = queries < length
-    q = tl.load(q_ptr + (start + queries)[:, None] * q_stride + head * q_head_stride + dims[None, :],
+    q = tl.load(q_ptr + (start + queries)[:, None] * q_stride + heads[:, None] * q_head_stride + dims[None, :],
                 mask=q_in_row[:, None], other=0.0)
-    kv_head = head // GROUPS
+    kv_head = first_head // GROUPS
     k_rows = k_ptr + start * k_stride + kv_head * k_head_stride + dims[None, :]
     v_rows = v_ptr + start * v_stride + kv_head * v_head_stride + dims[None, :]
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    acc = tl.zeros([HEADS * BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    row_sum = tl.zeros([HEADS * BLOCK_M], dtype=tl.float32)
+    row_max = tl.full([HEADS * BLOCK_M], float("-inf"), dtype=tl.float32)
     keys = length
     if CAUSAL:
         keys = tl.minimum(length, first + BLOCK_M)
@@ -115,7 +122,7 @@ def _varlen_attention(q_ptr, k_ptr, v_ptr, out_ptr, cu_seqlens_ptr,
         acc, row_sum, row_max = _attend_block(acc, row_sum, row_max, q, k_rows, v_rows, key0, keys, queries,
                                               k_stride, v_stride, scale_log2, True, CAUSAL, BLOCK_N)
     out = acc / row_sum[:, None]
-    tl.store(out_ptr + (start + queries)[:, None] * out_stride + head * out_head_stride + dims[None, :],
+    tl.store(out_ptr + (start + queries)[:, None] * out_stride + heads[:, None] * out_head_stride + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=q_in_row[:, None])
 
 
@@ -135,12 +142,14 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     rows = cu_seqlens.shape[0] - 1
     if tokens == 0 or rows == 0 or max_seqlen == 0:
         return out
-    grid = (triton.cdiv(max_seqlen, tile.block_m), rows * heads)
+    groups = heads // k.shape[1]
+    heads_per_program = tile.heads if groups % tile.heads == 0 and not tile.heads & (tile.heads - 1) else 1
+    grid = (triton.cdiv(max_seqlen, tile.block_m), rows * heads // heads_per_program)
     _varlen_attention[grid](
         q, k, v, out, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         scale * math.log2(math.e),
-        NUM_HEADS=heads, GROUPS=heads // k.shape[1], HEAD_DIM=head_dim, CAUSAL=causal,
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.warps, num_stages=tile.stages,
+        NUM_HEADS=heads, GROUPS=groups, HEAD_DIM=head_dim, CAUSAL=causal, BLOCK_M=tile.block_m,
+        BLOCK_N=tile.block_n, HEADS=heads_per_program, num_warps=tile.warps, num_stages=tile.stages,
     )
     return out
