@@ -17,11 +17,11 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend
 
 from quiver.bench.engine.kernel_bench import graph_time_us
+from quiver.bench.engine.varlen_bound import cudnn_dense_ms
 from quiver.worker.engine.layers.attention import AttentionSpec
-from quiver.worker.engine.layers.attention_backends import AtenFlashVarlen, DenseSdpa
+from quiver.worker.engine.layers.attention_backends import AtenFlashVarlen
 from quiver.worker.engine.layers.attention_select import context_for_lens
 from quiver.worker.engine.layers.triton_attention import AttentionTile, tile_for, varlen_attention
 
@@ -85,12 +85,7 @@ def _case(spec: AttentionSpec, label: str, lens: list[int], rows: int, bound: in
     flash = AtenFlashVarlen()
     result["flash2_ms"] = round(graph_ms(lambda: flash(q, k, v, ctx)), 4)
     if len(set(lens)) == 1:
-        dense_ctx = context_for_lens(lens, spec, torch.device("cuda"), dense=True)
-        dense = DenseSdpa(SDPBackend.CUDNN_ATTENTION, "cudnn", expand_kv=False)
-        try:
-            result["cudnn_dense_ms"] = round(graph_ms(lambda: dense(q, k, v, dense_ctx)), 4)
-        except Exception as exc:  # noqa: BLE001 - report, do not stop
-            result["cudnn_dense_ms"] = f"failed: {type(exc).__name__}"
+        result["cudnn_dense_ms"] = cudnn_dense_ms(q, k, v, lens, spec, graph_ms)
     for tile in tiles:
         name = f"{tile.block_m}x{tile.block_n}/w{tile.warps}/s{tile.stages}" + (f"/h{tile.heads}" if tile.heads > 1 else "")
         try:

@@ -82,13 +82,19 @@ def _case(spec: AttentionSpec, label: str, lens: list[int], rows: int, bound: in
     row: dict[str, object] = {"case": label, "max_abs_difference": difference,
                               "tight_ms": round(_time_ms(tight), 4), "generous_ms": round(_time_ms(generous), 4)}
     if len(set(lens)) == 1:
-        ctx = context_for_lens(lens, spec, torch.device("cuda"), dense=True)
-        dense = DenseSdpa(SDPBackend.CUDNN_ATTENTION, "cudnn", expand_kv=False)
-        try:
-            row["dense_cudnn_ms"] = round(_time_ms(lambda: dense(q, k, v, ctx)), 4)
-        except Exception as exc:  # noqa: BLE001 - report, do not stop
-            row["dense_cudnn_ms"] = f"failed: {type(exc).__name__}"
+        row["dense_cudnn_ms"] = cudnn_dense_ms(q, k, v, lens, spec, _time_ms)
     return row
+
+
+def cudnn_dense_ms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], spec: AttentionSpec,
+                   time_ms: Callable[[Callable[[], object]], float]) -> float | str:
+    """cuDNN's dense attention on rows of one length, timed by time_ms; why it failed, if it did."""
+    ctx = context_for_lens(lens, spec, torch.device("cuda"), dense=True)
+    dense = DenseSdpa(SDPBackend.CUDNN_ATTENTION, "cudnn", expand_kv=False)
+    try:
+        return round(time_ms(lambda: dense(q, k, v, ctx)), 4)
+    except Exception as exc:  # noqa: BLE001 - report, do not stop
+        return f"failed: {type(exc).__name__}"
 
 
 def measure(heads: str = "qwen3") -> list[dict[str, object]]:
