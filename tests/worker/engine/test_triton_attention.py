@@ -1,15 +1,15 @@
 """The Triton attention kernel (triton_attention.py) against float32 attention of each row alone.
 
-On a machine without CUDA it runs through Triton's interpreter (TRITON_INTERPRET=1, set here before the
-kernel is defined) on CPU tensors in float32 and float16 (the interpreter's bf16 products are wrong), and
-skips where Triton is not installed; on a GPU it runs compiled in bf16 (the `gpu` marker) at the real head
-shapes. Every case carries what a graph step carries: empty rows and a max_seqlen bound above the longest
-row. Outputs are poisoned (NaN), so a query the kernel failed to write fails the comparison.
+On a machine without CUDA it runs through Triton's interpreter (TRITON_INTERPRET=1, under which
+tests/conftest.py imports the kernel modules) on CPU tensors in float32 and float16 (the interpreter's bf16
+products are wrong), and skips where Triton is not installed; on a GPU it runs compiled in bf16 (the `gpu`
+marker) at the real head shapes. Every case carries what a graph step carries: empty rows and a max_seqlen
+bound above the longest row. Outputs are poisoned (NaN), so a query the kernel failed to write fails the
+comparison.
 """
 
 from __future__ import annotations
 
-import os
 from itertools import accumulate
 
 import pytest
@@ -17,19 +17,10 @@ import torch
 import torch.nn.functional as F
 
 ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    _previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
-from quiver.worker.engine.layers.triton_attention import (  # noqa: E402 - after the interpreter is chosen
+from quiver.worker.engine.layers.triton_attention import (  # noqa: E402 - only where Triton is installed
     AttentionTile, tile_for, varlen_attention,
 )
-
-if not ON_GPU:
-    if _previous is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = _previous
 
 SMALL_TILE = AttentionTile(32, 16, 4, 2)  # a few blocks per row at the interpreter's small sizes
 PAIRED_HEADS_TILE = AttentionTile(32, 16, 4, 2, heads=2)  # two query heads of one key head a program (GQA)

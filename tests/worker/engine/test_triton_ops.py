@@ -1,7 +1,7 @@
 """The Triton kernels against the plain PyTorch units they replace (fused.py), element by element.
 
-On a machine without CUDA they run through Triton's interpreter (TRITON_INTERPRET=1, set here before the
-kernels are defined) on CPU tensors, and skip where Triton is not installed; on a GPU they run compiled
+On a machine without CUDA they run through Triton's interpreter (TRITON_INTERPRET=1, under which
+tests/conftest.py imports the kernel modules) on CPU tensors, and skip where Triton is not installed; on a GPU they run compiled
 (the `gpu` marker), at the real shapes and token counts up to 16384. Outputs are poisoned: with
 deterministic algorithms on, torch.empty fills new float tensors with NaN, so an element a kernel failed
 to write fails the comparison.
@@ -9,7 +9,6 @@ to write fails the comparison.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,18 +19,8 @@ import torch
 from quiver.worker.engine.layers import fused
 
 ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    _previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
-from quiver.worker.engine.layers import triton_ops  # noqa: E402 - after the interpreter is chosen
-
-if not ON_GPU:
-    # The kernels above are now interpreted functions; only these tests run with the interpreter on.
-    if _previous is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = _previous
+from quiver.worker.engine.layers import triton_ops  # noqa: E402 - only where Triton is installed
 
 # The interpreter computes sigmoid(x) = 1 / (1 + exp(-x)) in numpy, which warns where exp overflows to
 # inf for very negative x; the result there is the right 0.
