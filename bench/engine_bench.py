@@ -296,7 +296,7 @@ def _runners(result: dict[str, Any], figure: str) -> list[tuple[str, dict[Any, A
     return runners + [(label, engine[f"engine_{figure}"]) for label, engine in result.get("engines", {}).items()]
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--ckpt-dir", default="/tmp/quiver-bench-ckpts")
@@ -318,7 +318,11 @@ def main() -> None:
                         help="the FP8 engine's start-up accuracy check (0: time it whatever its accuracy)")
     parser.add_argument("--gate", action="store_true",
                         help="also check 12 real inputs per dtype against float32 transformers")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     env = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
