@@ -180,21 +180,27 @@ class Engine:
         return LazyTensor(rows, event, self.slots, slot)
 
     def _met_shape(self, shape: StepShape, batch: Batch, token_rows: bool) -> StepShape:
-        """shape, or, for rows of one length at a dense shape the dense-step thread cannot run yet, the batch
-        as ragged rows padded to its token bucket (warmed at start-up), the dense shape's set-up queued there.
+        """shape, or, for a step whose attention needs a plan the dense-step thread has not built yet, the
+        batch as ragged rows padded to its token bucket (warmed at start-up), the plan's set-up queued there.
 
-        A dense shape's first run builds cuDNN's plan for its attention: on an H100, 45-105 ms more for an
+        A dense shape's first run with cuDNN's attention builds its plan: on an H100, 45-105 ms more for an
         XLM-R-large step of 17-30 rows of 532 tokens, 48-72 ms of it the plan, which PyTorch keeps per thread
-        (bench/RESULTS.md, 2026-12-07, last). Padded, the step runs FlashAttention-2 instead of cuDNN's dense
-        attention: about 9 % slower there, until its shape is set up (dense_steps.py)."""
-        if not shape.dense_len or shape.graphable or self.dense_steps.ready(shape):
+        (bench/RESULTS.md, 2026-12-07, last). Padded, the step runs a ragged kernel instead: about 9 % slower
+        there with FlashAttention-2, until its shape is set up (dense_steps.py). Where a backend without plans
+        is nearly as fast, eager steps take it (attention_select.py) and run at their own shape at once."""
+        if not self._needs_plan(shape) or self.dense_steps.ready(shape):
             return shape
         self.dense_steps.set_up_later(shape, token_rows)
         return padded_shape(batch.seq_lens, self.token_graph_limits if token_rows else self.graph_limits)
 
+    def _needs_plan(self, shape: StepShape) -> bool:
+        """Whether shape is an eager step of rows of one length whose attention builds a plan per shape."""
+        return bool(shape.dense_len) and not shape.graphable and self.selector.plan_per_shape(
+            shape.num_seqs, shape.num_tokens, shape.max_seqlen, shape.dense_len)
+
     def _run(self, runner: GraphRunner, shape: StepShape, forward: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """runner.run(shape, forward); an eager dense step on the dense-step thread, where its cuDNN plan is."""
-        if shape.dense_len and not shape.graphable:
+        """runner.run(shape, forward); a step that needs a plan on the dense-step thread, where its plan is."""
+        if self._needs_plan(shape):
             return self.dense_steps.run(lambda: runner.run(shape, forward))
         return runner.run(shape, forward)
 
@@ -306,7 +312,8 @@ class Engine:
                 dense_len=shape.dense_len,
                 spec=self.model.attention_spec,
                 backend=PaddedSdpa(),
-            )
+            ),
+            eager=not shape.graphable,
         )
 
     def run_eager(self, batch: Batch, bucketed: bool = False) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quiver.worker.engine.layers.attention_select import nearest_winner
+from quiver.worker.engine.layers.attention_select import nearest_winner, winner
 
 WINNERS = {
     (1, 128, 128, 128): "dense_flash",
@@ -28,3 +28,22 @@ def test_unusable_winners_are_skipped_and_none_means_measure():
     assert nearest_winner((1, 160, 160, 160), WINNERS, usable) == "dense_cudnn"
     assert nearest_winner((1, 160, 160, 160), {}, usable) is None
     assert nearest_winner((3, 200, 100, 0), {k: v for k, v in WINNERS.items() if k[3] > 0}, usable) is None
+
+
+PLANS = {"dense_cudnn": True, "triton_varlen": False, "aten_flash_varlen": False}
+
+
+def test_graphs_take_the_fastest_even_where_it_builds_a_plan_per_shape():
+    times = {"dense_cudnn": 0.100, "triton_varlen": 0.105, "aten_flash_varlen": 0.150}
+    assert winner(times, PLANS.__getitem__, eager=False) == "dense_cudnn"
+
+
+def test_eager_steps_take_the_fastest_backend_without_a_plan_within_the_margin():
+    times = {"dense_cudnn": 0.100, "triton_varlen": 0.109, "aten_flash_varlen": 0.104}
+    assert winner(times, PLANS.__getitem__, eager=True, margin=1.10) == "aten_flash_varlen"
+    assert winner(times, PLANS.__getitem__, eager=True, margin=1.03) == "dense_cudnn"
+
+
+def test_eager_steps_keep_the_fastest_when_it_builds_no_plan_or_none_is_without_one():
+    assert winner({"dense_cudnn": 0.2, "triton_varlen": 0.1}, PLANS.__getitem__, eager=True) == "triton_varlen"
+    assert winner({"dense_cudnn": 0.1}, PLANS.__getitem__, eager=True, margin=100.0) == "dense_cudnn"

@@ -9,6 +9,7 @@ script) lets this file reuse those of engine_bench.py.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import deque
@@ -217,11 +218,9 @@ def test_a_mixed_stream_on_a_warmed_engine_causes_no_capture(tmp_path: Path) -> 
     assert after["replays"] - before["replays"] == steps and after["eager_steps"] == before["eager_steps"]
 
 
-def test_equal_rows_at_a_new_shape_run_padded_until_the_dense_step_thread_has_set_their_shape_up(
-        tmp_path: Path) -> None:
-    """No eager step on a request's path is the first of its shape: the buckets above the graphs ran at
-    start-up, and rows of one length at a dense shape not set up run padded to their bucket while the
-    dense-step thread sets it up, after which they run dense there; both agree with the rows run alone."""
+def _equal_rows_engine(tmp_path: Path) -> tuple[Engine, Batch, np.ndarray]:
+    """A tiny engine whose graphs stop at 1,024 tokens, 20 rows of 100 tokens (a dense shape above them,
+    not seen before), and each row run alone."""
     family = next(f for f in FAMILIES if f.name == "bert_mean")
     path, _ = write_family(family, tmp_path)
     engine = load_engine(path, device="cuda", max_batch_tokens=4096, max_batch_seqs=64, graph_max_tokens=1024)
@@ -230,28 +229,60 @@ def test_equal_rows_at_a_new_shape_run_padded_until_the_dense_step_thread_has_se
     rng = np.random.default_rng(5)
     sequences = [rng.integers(4, 90, size=length, dtype=np.int32) for _ in range(20)]
     batch = _batch(sequences, [True] * len(sequences))
-    dense_shape = plan_shape(batch.seq_lens, engine.graph_limits)
-    assert dense_shape.dense_len == length and not dense_shape.graphable
+    shape = plan_shape(batch.seq_lens, engine.graph_limits)
+    assert shape.dense_len == length and not shape.graphable
     alone = np.concatenate([engine.run_eager(_batch([s], [True])) for s in sequences])
+    return engine, batch, alone
+
+
+def _step(engine: Engine, batch: Batch) -> np.ndarray:
+    lazy = engine.step(batch)
+    rows = lazy.wait()
+    lazy.release()
+    return rows
+
+
+def test_equal_rows_at_a_new_shape_run_padded_until_the_dense_step_thread_has_built_their_plan(
+        tmp_path: Path) -> None:
+    """No eager step on a request's path is the first of its shape: the buckets above the graphs ran at
+    start-up, and rows of one length at a dense shape whose attention builds a plan (cuDNN's) run padded to
+    their bucket while the dense-step thread builds it, after which they run dense there; both agree with
+    the rows run alone."""
+    engine, batch, alone = _equal_rows_engine(tmp_path)
+    engine.selector.plan_free_margin = 1.0  # the fastest backend, as a graph would take
+    dense_shape = plan_shape(batch.seq_lens, engine.graph_limits)
+    if not engine.selector.plan_per_shape(dense_shape.num_seqs, dense_shape.num_tokens, dense_shape.max_seqlen,
+                                          dense_shape.dense_len):
+        pytest.skip("on this GPU a backend without per-shape plans is the fastest at this shape")
     before = engine.stats()
-
-    def step() -> np.ndarray:
-        lazy = engine.step(batch)
-        rows = lazy.wait()
-        lazy.release()
-        return rows
-
-    padded = step()
+    padded = _step(engine, batch)
     deadline = time.monotonic() + 30
     while not engine.dense_steps.ready(dense_shape) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert engine.dense_steps.ready(dense_shape)
-    dense = step()
+    dense = _step(engine, batch)
     after = engine.stats()
     assert after["eager_steps"] - before["eager_steps"] == 2
     assert after["eager_new_shapes"] == before["eager_new_shapes"]  # the bucket ran at start-up; the dense shape was set up
     assert after["eager_warmups"] - before["eager_warmups"] == 1
     assert _cosines(padded, alone).min() > 0.999 and _cosines(dense, alone).min() > 0.999
+
+
+def test_equal_rows_whose_attention_needs_no_plan_run_dense_at_their_first_sight(tmp_path: Path) -> None:
+    """Where eager steps take a backend without per-shape plans (here: whatever its time), rows of one length
+    at a new dense shape run at that shape at once, on the stepping thread, with nothing set up."""
+    engine, batch, alone = _equal_rows_engine(tmp_path)
+    engine.selector.plan_free_margin = math.inf
+    dense_shape = plan_shape(batch.seq_lens, engine.graph_limits)
+    assert not engine.selector.plan_per_shape(dense_shape.num_seqs, dense_shape.num_tokens, dense_shape.max_seqlen,
+                                              dense_shape.dense_len)
+    before = engine.stats()
+    rows = [_step(engine, batch) for _ in range(2)]
+    after = engine.stats()
+    assert after["eager_steps"] - before["eager_steps"] == 2
+    assert after["eager_new_shapes"] - before["eager_new_shapes"] == 1  # its first sight, on the stepping thread
+    assert after["eager_warmups"] == before["eager_warmups"] and not engine.dense_steps.ready(dense_shape)
+    assert all(_cosines(r, alone).min() > 0.999 for r in rows)
 
 
 def test_lazy_pipeline_never_misplaces_a_row() -> None:

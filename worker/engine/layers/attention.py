@@ -45,6 +45,7 @@ class AttentionBackend(Protocol):
     """One attention implementation: q [T, H, D], k and v [T, Hkv, D] -> [T, H, D]."""
 
     name: str
+    plan_per_shape: bool  # builds a plan at its first call at a shape, kept per thread (attention_backends.py)
 
     def supports(self, ctx: AttentionContext, dtype: torch.dtype) -> bool: ...
 

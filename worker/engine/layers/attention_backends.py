@@ -10,6 +10,11 @@
 - TritonVarlen: the hand-written Triton kernel of triton_attention.py on ragged rows; GQA native.
 - DenseSdpa: SDPA on [S, H, L, D] views, for steps whose rows all have one length (one sequence, or
   equal lengths); pinned to one SDPA kernel, e.g. cuDNN.
+
+plan_per_shape says whether a backend builds a plan for each shape at its first call there and keeps it per
+thread (cuDNN's attention): 48-72 ms for XLM-R large at 33-35 rows of 532 tokens on an H100, against 0.3 ms
+a call once built (bench/RESULTS.md, 2026-12-07, last). An eager step must not meet that on a request's path
+(attention_select.py, dense_steps.py).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class PaddedSdpa:
     """Rows padded to max_seqlen and masked: the CPU backend, and the GPU's fallback of last resort."""
 
     name = "padded_sdpa"
+    plan_per_shape = False
 
     def supports(self, ctx: AttentionContext, dtype: torch.dtype) -> bool:
         # On a GPU, graph shapes carry empty rows and a generous max_seqlen (buckets.py); padding them
@@ -71,6 +77,8 @@ class PaddedSdpa:
 
 class TorchVarlen:
     """PyTorch's varlen_attn; its keyword arguments changed between releases, so they are read off it."""
+
+    plan_per_shape = False
 
     def __init__(self, expand_kv: bool = False) -> None:
         from torch.nn.attention.varlen import varlen_attn
@@ -113,6 +121,7 @@ class AtenFlashVarlen:
     """FlashAttention-2 on ragged rows through torch.ops.aten._flash_attention_forward; GQA native."""
 
     name = "aten_flash_varlen"
+    plan_per_shape = False
 
     def __init__(self) -> None:
         self._fn = torch.ops.aten._flash_attention_forward
@@ -130,6 +139,7 @@ class AtenFlashVarlen:
 
 class FlashAttnVarlen:
     name = "flash_attn_varlen"
+    plan_per_shape = False
 
     def __init__(self) -> None:
         from flash_attn import flash_attn_varlen_func
@@ -148,6 +158,7 @@ class FlashAttnVarlen:
 
 class TritonVarlen:
     name = "triton_varlen"
+    plan_per_shape = False
 
     def __init__(self) -> None:
         from quiver.worker.engine.layers.triton_attention import varlen_attention
@@ -169,6 +180,7 @@ class DenseSdpa:
     def __init__(self, kernel: SDPBackend, label: str, expand_kv: bool) -> None:
         self._kernel = kernel
         self._expand_kv = expand_kv
+        self.plan_per_shape = kernel == SDPBackend.CUDNN_ATTENTION
         self.name = f"dense_{label}" + ("_expand_kv" if expand_kv else "")
 
     def supports(self, ctx: AttentionContext, dtype: torch.dtype) -> bool:

@@ -6,6 +6,12 @@ each backend that supports them on random inputs, inside a CUDA graph so that on
 it will when replayed). After the survey the selector is frozen: a step shape seen for the first time
 while serving takes the winner of the nearest surveyed shape of its kind, so no request waits for a
 measurement (timing six backends costs tens of milliseconds, which would land in the tail latency).
+
+A step that is not replayed from a CUDA graph (eager) prefers a backend that builds no plan per shape
+(attention_backends.py) when it is within PLAN_FREE_MARGIN of the fastest: such a step then needs no set-up
+at its first sight of a shape, so it runs at its own shape at once instead of padded to its token bucket
+while a plan is built off the requests' path (dense_steps.py), which cost an XLM-R-large step about 9 %
+(bench/RESULTS.md, 2026-12-07, last). A graph's plans are built at its capture, so graphs take the fastest.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -24,6 +30,8 @@ from quiver.worker.engine.layers.attention_backends import PaddedSdpa, available
 log = logging.getLogger("quiver.engine")
 
 ShapeKey = tuple[int, int, int, int]
+
+PLAN_FREE_MARGIN = 1.10  # an eager step's attention may take this much longer to need no per-shape plan
 
 _VERIFY_TOLERANCE = 2e-2  # relative L2 error; bf16 attention lands near 4e-3
 _TIMING_WARMUP = 2
@@ -41,6 +49,19 @@ def nearest_winner(key: ShapeKey, winners: dict[ShapeKey, str], usable: Any) -> 
     if not same_kind:
         return None
     return winners[min(same_kind, key=distance)]
+
+
+def winner(times: dict[str, float], plan_per_shape: Callable[[str], bool], eager: bool,
+           margin: float = PLAN_FREE_MARGIN) -> str:
+    """The fastest backend of times; for an eager step, the fastest that builds no per-shape plan instead when
+    the fastest builds one and it takes at most margin times as long."""
+    fastest = min(times, key=times.__getitem__)
+    plan_free = [name for name in times if not plan_per_shape(name)]
+    if eager and plan_per_shape(fastest) and plan_free:
+        nearest = min(plan_free, key=times.__getitem__)
+        if times[nearest] <= margin * times[fastest]:
+            return nearest
+    return fastest
 
 
 def _cu_seqlens(lens: list[int], device: torch.device) -> torch.Tensor:
@@ -108,7 +129,9 @@ class AttentionSelector:
         self.backends: list[Any] = available_backends(device)
         self.rejected: dict[str, str] = {}
         self.timings_ms: dict[ShapeKey, dict[str, float]] = {}
-        self._choice: dict[ShapeKey, Any] = {}
+        self._choice: dict[tuple[ShapeKey, bool], Any] = {}  # (shape, eager) -> backend
+        self.plan_free_margin = PLAN_FREE_MARGIN
+        self._no_rows = torch.empty(0, dtype=torch.int32, device=device)  # a shape's context without its tensors
         self.frozen = False
         if device.type == "cuda":
             self._verify()
@@ -146,16 +169,35 @@ class AttentionSelector:
             log.info("attention backend %s not used: %s", name, problem)
         self.backends = kept
 
-    def choose(self, ctx: AttentionContext) -> AttentionContext:
-        """Return ctx with the fastest verified backend for its shape (measured once per shape)."""
+    def choose(self, ctx: AttentionContext, eager: bool = False) -> AttentionContext:
+        """Return ctx with the verified backend for its shape: the fastest, measured once per shape; for an
+        eager step, one without a per-shape plan where it is nearly as fast (module docstring)."""
         key = (ctx.num_seqs, ctx.num_tokens, ctx.max_seqlen, ctx.dense_len)
-        backend = self._choice.get(key)
+        backend = self._choice.get((key, eager))
         if backend is None:
-            backend = self._borrow(key, ctx) if self.frozen else None
+            backend = self._borrow(key, ctx, eager) if self.frozen else None
             if backend is None:
-                backend = self._measure(key, ctx)
-            self._choice[key] = backend
+                backend = self._measure(key, ctx, eager)
+            self._choice[(key, eager)] = backend
         return dataclasses.replace(ctx, backend=backend)
+
+    def plan_per_shape(self, num_seqs: int, num_tokens: int, max_seqlen: int, dense_len: int) -> bool:
+        """Whether an eager step of this shape takes a backend that builds a plan at its first call there
+        (to be built off the requests' path then, on the thread that will use it: dense_steps.py). It never
+        times anything: a shape not chosen yet takes the nearest surveyed shape's choice once frozen, and
+        counts as needing a plan before."""
+        key = (num_seqs, num_tokens, max_seqlen, dense_len)
+        backend = self._choice.get((key, True))
+        if backend is None and self.frozen:
+            shape_only = AttentionContext(
+                cu_seqlens=self._no_rows, seq_ids=self._no_rows, positions=self._no_rows, num_seqs=num_seqs,
+                num_tokens=num_tokens, max_seqlen=max_seqlen, dense_len=dense_len, spec=self.spec,
+                backend=PaddedSdpa(),
+            )
+            backend = self._borrow(key, shape_only, eager=True)
+            if backend is not None:
+                self._choice[(key, True)] = backend
+        return backend is None or backend.plan_per_shape
 
     def set_up_dense(self, rows: int, length: int) -> None:
         """Call the backend a dense step of rows x length takes once, on random inputs in the calling thread's
@@ -164,7 +206,7 @@ class AttentionSelector:
         the stepping thread's work beside it would break."""
         if not self.frozen:
             raise RuntimeError("dense shapes are set up only once the attention survey is done")
-        ctx = self.choose(context_for_lens([length] * rows, self.spec, self.device, dense=True))
+        ctx = self.choose(context_for_lens([length] * rows, self.spec, self.device, dense=True), eager=True)
         q, k, v = _random_qkv(ctx, self.dtype)
         ctx.backend(q, k, v, ctx)
         torch.cuda.current_stream(self.device).synchronize()
@@ -173,18 +215,19 @@ class AttentionSelector:
         """From now on, shapes not yet seen take the nearest surveyed shape's winner instead of being timed."""
         self.frozen = True
 
-    def _borrow(self, key: ShapeKey, ctx: AttentionContext) -> Any | None:
+    def _winner(self, times: dict[str, float], eager: bool) -> str:
+        return winner(times, lambda name: self._by_name(name).plan_per_shape, eager, self.plan_free_margin)
+
+    def _borrow(self, key: ShapeKey, ctx: AttentionContext, eager: bool) -> Any | None:
         """The winner of the nearest measured shape of the same kind that supports ctx, if any."""
-        winners = {
-            measured: min(times, key=times.__getitem__) for measured, times in self.timings_ms.items() if times
-        }
+        winners = {measured: self._winner(times, eager) for measured, times in self.timings_ms.items() if times}
         name = nearest_winner(key, winners, lambda n: self._by_name(n).supports(ctx, self.dtype))
         return self._by_name(name) if name is not None else None
 
     def _by_name(self, name: str) -> Any:
         return next(b for b in self.backends if b.name == name)
 
-    def _measure(self, key: ShapeKey, ctx: AttentionContext) -> Any:
+    def _measure(self, key: ShapeKey, ctx: AttentionContext, eager: bool) -> Any:
         candidates = [b for b in self.backends if b.supports(ctx, self.dtype)] or [PaddedSdpa()]
         if len(candidates) == 1 or self.device.type != "cuda":
             return candidates[0]
@@ -198,7 +241,7 @@ class AttentionSelector:
         self.timings_ms[key] = times
         if not times:
             return next(b for b in candidates if isinstance(b, PaddedSdpa))
-        best = min(times, key=times.__getitem__)
+        best = self._winner(times, eager)
         log.debug("attention at %s: %s -> %s", key, times, best)
         return next(b for b in candidates if b.name == best)
 
