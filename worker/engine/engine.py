@@ -3,12 +3,13 @@
 step() validates the batch, pads it to its graph shape (buckets.py), moves it to the device with one
 copy from a pinned staging buffer, runs the model (by replaying that shape's CUDA graph, captured at
 start-up, or eagerly when it has none), and starts an asynchronous copy of the result rows into a
-pinned output slot. An eager step never meets a shape's first run on a request's path (see _met_shape):
-every token bucket above the graphs runs once at start-up (warm_eager_buckets), and rows of one length at
-a shape not set up run padded to their bucket while the dense-step thread sets their shape up
-(dense_steps.py), on which such steps then run. On the CPU it computes the result at once. A step of
-token rows (one row per token, BGE-M3's sparse and ColBERT outputs) is computed synchronously instead,
-replaying a graph of its own shape up to TOKEN_GRAPH_MAX_TOKENS on a BGE-M3 checkpoint.
+pinned output slot. An eager step never meets an attention plan's first build on a request's path (see
+_met_shape): every token bucket above the graphs runs once at start-up (warm_eager_buckets), and rows of one
+length whose attention builds a plan per shape (cuDNN's), at a shape not set up, run padded to their bucket
+while the dense-step thread sets their shape up (dense_steps.py), on which such steps then run. On the
+CPU it computes the result at once. A step of token rows (one row per token, BGE-M3's sparse and ColBERT
+outputs) is computed synchronously instead, replaying a graph of its own shape up to TOKEN_GRAPH_MAX_TOKENS
+on a BGE-M3 checkpoint.
 """
 
 from __future__ import annotations
