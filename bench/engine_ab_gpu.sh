@@ -12,6 +12,7 @@
 #
 #   OUT=$OUT BASE=.base.tar bash bench/engine_ab_gpu.sh
 #   OUT=$OUT BASE=.base.tar MODELS=qwen3-0.6b-bidirectional-mean LENGTHS=500,4000 SCORE_ROUNDS=0 bash bench/engine_ab_gpu.sh
+#   OUT=$OUT BASE=.base.tar MODELS= SCORE_ROUNDS=2 bash bench/engine_ab_gpu.sh   (scoring alone)
 #   DEVICE=cpu LAYERS=2 LENGTHS=16,100 MAX_LENGTH=128 ITERS=2 BASE=.base.tar bash bench/engine_ab_gpu.sh   (a CPU try)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ NEW=$PWD
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$NEW" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-bench/out/engine-ab}
 WORK=${WORK:-/tmp/quiver-engine-ab}
-MODELS=${MODELS:-qwen3-0.6b-bidirectional-mean}
+MODELS=${MODELS-qwen3-0.6b-bidirectional-mean}  # MODELS= (empty) leaves the engine alone out
 LENGTHS=${LENGTHS:-128,500,512,1000,4000,4096}
 ITERS=${ITERS:-30}
 SCORE_ROUNDS=${SCORE_ROUNDS:-1}
@@ -40,7 +41,9 @@ in_tree() {
   (cd "$dir" && PYTHONPATH="${PYTHONPATH/$NEW/$dir}" timeout "$2" "${@:3}")
 }
 say "## $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo no GPU); models $MODELS; lengths $LENGTHS"
-for tree in new base; do
+engine_trees=(new base)
+[ -n "$MODELS" ] || engine_trees=()
+for tree in "${engine_trees[@]}"; do
   left=$((DEADLINE - SECONDS))
   if [ "$left" -lt 90 ]; then say "## engine_bench, $tree tree: left out, ${SECONDS} s gone"; continue; fi
   say "## engine_bench, $tree tree (${SECONDS} s)"
