@@ -189,7 +189,8 @@ def first_sight_key(shape: StepShape) -> tuple[int, int, int]:
     """What an eager step's kernels set themselves up for at first sight of a shape: the token count (the
     products' rows, for which cuBLAS picks an algorithm; the Triton kernels' row count, which they are
     compiled specialised on, divisible by 16 or not) and, for dense rows, their count and length (cuDNN's
-    attention plan). Ragged attention (FlashAttention-2's varlen kernel) sets nothing up per shape."""
+    attention plan). Ragged attention (FlashAttention-2's varlen kernel, the Triton kernel) sets nothing up
+    per shape."""
     return (shape.num_tokens, shape.dense_len, shape.num_seqs if shape.dense_len else 0)
 
 

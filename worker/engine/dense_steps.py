@@ -7,7 +7,7 @@ H100, 48-72 ms for XLM-R large's 16 heads at 33-35 rows of 532 tokens, against 0
 (bench/RESULTS.md, 2026-12-07, last). PyTorch keeps those plans per thread (a thread_local cache in its cuDNN
 attention code), so a plan must be built on the thread that will use it; building it on the stepping thread
 would hold every request behind the build. So the engine runs a dense step at a shape not yet set up here as
-ragged rows padded to their token bucket (FlashAttention-2, on the stepping thread) and asks this thread to
+ragged rows padded to their token bucket (a ragged kernel, on the stepping thread) and asks this thread to
 set the shape up meanwhile; once it has, such steps run here, where their plan is found. A step is handed
 over only while no set-up is under way, so that it never waits behind one.
 """
