@@ -50,7 +50,7 @@ for tree in "${engine_trees[@]}"; do
   in_tree "$tree" "$left" python3 -m quiver.bench.engine_bench --skip-hf --iters "$ITERS" --ckpt-dir "$WORK/ckpt" \
     --device "$DEVICE" --layers "$LAYERS" --max-length "$MAX_LENGTH" --models "$MODELS" --lengths "$LENGTHS" --out "$OUT/engine-$tree.json" > "$OUT/engine-$tree.log" 2>&1
   grep -E "^\|" "$OUT/engine-$tree.log" | tee -a "$log"
-  [ "$tree" = new ] && grep -E "engine: attention \(" "$OUT/engine-$tree.log" | sed -E "s/.*engine: //" | cut -c1-160 | tee -a "$log"
+  [ "$tree" = new ] && grep -E "engine:? attention \(" "$OUT/engine-$tree.log" | sed -E "s/.*engine:? //" | cut -c1-200 | tee -a "$log"
 done
 orders=()
 for round in $(seq "$SCORE_ROUNDS"); do
@@ -65,6 +65,6 @@ for tree in "${orders[@]}"; do
     --skip-hf --device "$DEVICE" --layers "$LAYERS" --ckpt-dir "$WORK/ckpt-score" > "$OUT/score-$run-$tree.log" 2>&1
   grep -E "^\| (runner|quiver)" "$OUT/score-$run-$tree.log" | tee -a "$log"
   grep -E "documents:" "$OUT/score-$run-$tree.log" | grep quiver | sed -E "s/'p90[^}]*\}//g" | cut -c1-240 | tee -a "$log"
-  [ "$run" = 1 ] && grep -E "engine: attention \(" "$OUT/score-$run-$tree.serve.log" | sed -E "s/.*engine: //" | cut -c1-160 | tee -a "$log"
+  [ "$run" = 1 ] && grep -E "engine:? attention \(" "$OUT/score-$run-$tree.serve.log" | sed -E "s/.*engine:? //" | cut -c1-200 | tee -a "$log"
 done
 say "done after ${SECONDS} s"

@@ -197,7 +197,11 @@ def survey_attention(engine: Engine) -> None:
         if sum(lens) <= budget and longest <= limit:
             engine.selector.choose(context_for_lens(lens, spec, dev))
     for key, times in engine.selector.timings_ms.items():
-        log.info("attention %s: %s", key, {k: round(v, 4) for k, v in sorted(times.items(), key=lambda kv: kv[1])})
+        if not times:
+            continue
+        eager = engine.selector.winner_of(times, eager=True)
+        note = "" if eager == engine.selector.winner_of(times, eager=False) else f"eager steps take {eager}; "
+        log.info("attention %s: %s%s", key, note, {k: round(v, 4) for k, v in sorted(times.items(), key=lambda kv: kv[1])})
     engine.selector.freeze()
 
 

@@ -215,12 +215,13 @@ class AttentionSelector:
         """From now on, shapes not yet seen take the nearest surveyed shape's winner instead of being timed."""
         self.frozen = True
 
-    def _winner(self, times: dict[str, float], eager: bool) -> str:
+    def winner_of(self, times: dict[str, float], eager: bool) -> str:
+        """winner() of these times among this selector's backends, with its margin."""
         return winner(times, lambda name: self._by_name(name).plan_per_shape, eager, self.plan_free_margin)
 
     def _borrow(self, key: ShapeKey, ctx: AttentionContext, eager: bool) -> Any | None:
         """The winner of the nearest measured shape of the same kind that supports ctx, if any."""
-        winners = {measured: self._winner(times, eager) for measured, times in self.timings_ms.items() if times}
+        winners = {measured: self.winner_of(times, eager) for measured, times in self.timings_ms.items() if times}
         name = nearest_winner(key, winners, lambda n: self._by_name(n).supports(ctx, self.dtype))
         return self._by_name(name) if name is not None else None
 
@@ -241,7 +242,7 @@ class AttentionSelector:
         self.timings_ms[key] = times
         if not times:
             return next(b for b in candidates if isinstance(b, PaddedSdpa))
-        best = self._winner(times, eager)
+        best = self.winner_of(times, eager)
         log.debug("attention at %s: %s -> %s", key, times, best)
         return next(b for b in candidates if b.name == best)
 
