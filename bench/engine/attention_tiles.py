@@ -19,13 +19,12 @@ import torch
 import torch.nn.functional as F
 
 from quiver.bench.engine.kernel_bench import graph_time_us
-from quiver.bench.engine.varlen_bound import cudnn_dense_ms
+from quiver.bench.engine.varlen_bound import HEAD_SHAPES, cudnn_dense_ms
 from quiver.worker.engine.layers.attention import AttentionSpec
 from quiver.worker.engine.layers.attention_backends import AtenFlashVarlen
 from quiver.worker.engine.layers.attention_select import context_for_lens
 from quiver.worker.engine.layers.triton_attention import AttentionTile, tile_for, varlen_attention
 
-HEAD_SHAPES = {"xlmr": (16, 16, 64), "qwen3": (16, 8, 128)}  # query heads, key/value heads, head width
 # (label, real row lengths, rows of the step with its empty ones, max_seqlen bound)
 CASES = (
     ("1x128", [128], 2, 512),

@@ -172,32 +172,32 @@ class AttentionSelector:
     def choose(self, ctx: AttentionContext, eager: bool = False) -> AttentionContext:
         """Return ctx with the verified backend for its shape: the fastest, measured once per shape; for an
         eager step, one without a per-shape plan where it is nearly as fast (module docstring)."""
-        key = (ctx.num_seqs, ctx.num_tokens, ctx.max_seqlen, ctx.dense_len)
-        backend = self._choice.get((key, eager))
-        if backend is None:
-            backend = self._borrow(key, ctx, eager) if self.frozen else None
-            if backend is None:
-                backend = self._measure(key, ctx, eager)
-            self._choice[(key, eager)] = backend
-        return dataclasses.replace(ctx, backend=backend)
+        return dataclasses.replace(ctx, backend=self._chosen(ctx, eager, may_measure=True))
 
     def plan_per_shape(self, num_seqs: int, num_tokens: int, max_seqlen: int, dense_len: int) -> bool:
         """Whether an eager step of this shape takes a backend that builds a plan at its first call there
         (to be built off the requests' path then, on the thread that will use it: dense_steps.py). It never
         times anything: a shape not chosen yet takes the nearest surveyed shape's choice once frozen, and
         counts as needing a plan before."""
-        key = (num_seqs, num_tokens, max_seqlen, dense_len)
-        backend = self._choice.get((key, True))
-        if backend is None and self.frozen:
-            shape_only = AttentionContext(
-                cu_seqlens=self._no_rows, seq_ids=self._no_rows, positions=self._no_rows, num_seqs=num_seqs,
-                num_tokens=num_tokens, max_seqlen=max_seqlen, dense_len=dense_len, spec=self.spec,
-                backend=PaddedSdpa(),
-            )
-            backend = self._borrow(key, shape_only, eager=True)
-            if backend is not None:
-                self._choice[(key, True)] = backend
+        shape_only = AttentionContext(
+            cu_seqlens=self._no_rows, seq_ids=self._no_rows, positions=self._no_rows, num_seqs=num_seqs,
+            num_tokens=num_tokens, max_seqlen=max_seqlen, dense_len=dense_len, spec=self.spec, backend=PaddedSdpa(),
+        )
+        backend = self._chosen(shape_only, eager=True, may_measure=False)
         return backend is None or backend.plan_per_shape
+
+    def _chosen(self, ctx: AttentionContext, eager: bool, may_measure: bool) -> Any | None:
+        """The backend for ctx's shape: chosen before, else borrowed once frozen, else measured (may_measure;
+        otherwise None); remembered per (shape, eager)."""
+        key = (ctx.num_seqs, ctx.num_tokens, ctx.max_seqlen, ctx.dense_len)
+        backend = self._choice.get((key, eager))
+        if backend is None:
+            backend = self._borrow(key, ctx, eager) if self.frozen else None
+            if backend is None and may_measure:
+                backend = self._measure(key, ctx, eager)
+            if backend is not None:
+                self._choice[(key, eager)] = backend
+        return backend
 
     def set_up_dense(self, rows: int, length: int) -> None:
         """Call the backend a dense step of rows x length takes once, on random inputs in the calling thread's
